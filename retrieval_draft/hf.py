@@ -1,0 +1,122 @@
+"""The HuggingFace ``generate`` plugin.
+
+    model.generate(**inputs, custom_generate=retrieval_draft.generate, max_new_tokens=N)
+
+returns what ``model.generate(**inputs, max_new_tokens=N)`` returns: the same
+tensor under greedy decoding, the same distribution under sampling. Our
+options travel as keyword arguments that ``generate`` hands through because
+they appear in this function's signature.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
+from retrieval_draft.engine import DecodeOptions, DecodeStats, speculative_decode
+from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.model_adapter import TreeModel, context_limit, validate_prompt
+
+
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus: bool = False,
+    streamer=None,
+    drafters: Sequence[Drafter] | None = None,
+    datastore: str | None = None,
+    draft_tokenizer=None,
+    tree_budget: int = 12,
+    max_draft_len: int = 8,
+    draft_streamer=None,
+    draft_stats: DecodeStats | None = None,
+    draft_seed: int | None = None,
+    **model_kwargs,
+) -> torch.Tensor:
+    """A ``custom_generate`` callable for ``model.generate``.
+
+    Args (ours; the rest come from ``generate``):
+        drafters: drafter instances; default prompt lookup, plus the
+            datastore's drafters when ``datastore`` is given.
+        datastore: path of a datastore built by ``retrieval-draft build``.
+        draft_tokenizer: the tokenizer in use, to check the datastore's fingerprint.
+        tree_budget: draft nodes per verification tree.
+        max_draft_len: deepest draft path.
+        draft_streamer: an HF streamer (``put``/``end``); ``generate`` drops its own
+            ``streamer`` for custom callables, so pass it here.
+        draft_stats: a ``DecodeStats`` to fill in with this call's statistics.
+        draft_seed: seed for sampling; the same seed gives the same output.
+
+    Returns:
+        shape (1, L + m), the prompt followed by the new tokens.
+    """
+    attention_mask = model_kwargs.get("attention_mask")
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise InvalidInputError("padded inputs are not supported; pass one unpadded sequence")
+    max_new_tokens = int(generation_config.max_length) - input_ids.shape[1]
+    validate_prompt(input_ids, max_new_tokens, model.config.vocab_size, context_limit(model))
+    eos = generation_config._eos_token_tensor
+    options = DecodeOptions(
+        max_new_tokens=max_new_tokens,
+        eos_ids=frozenset(eos.flatten().tolist()) if eos is not None else frozenset(),
+        tree_budget=tree_budget,
+        max_draft_len=max_draft_len,
+        do_sample=bool(generation_config.do_sample),
+    )
+    chosen = list(drafters) if drafters is not None else default_drafters(datastore, model, draft_tokenizer)
+    generator = None
+    if options.do_sample:
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(draft_seed if draft_seed is not None else int(torch.seed() % 2**63))
+    if draft_streamer is not None:
+        draft_streamer.put(input_ids.cpu())
+    new, stats = speculative_decode(
+        TreeModel(model),
+        input_ids,
+        chosen,
+        options,
+        processor=logits_processor,
+        generator=generator,
+        on_tokens=(lambda tokens: draft_streamer.put(torch.from_numpy(tokens))) if draft_streamer else None,
+        should_stop=_extra_stop_check(stopping_criteria),
+    )
+    if draft_streamer is not None:
+        draft_streamer.end()
+    if draft_stats is not None:
+        draft_stats.__dict__.update(stats.__dict__)
+    return torch.cat([input_ids, torch.from_numpy(new).to(input_ids.device)[None]], dim=1)
+
+
+def default_drafters(datastore: str | None, model, tokenizer=None) -> list[Drafter]:
+    """Prompt lookup, plus the datastore's drafters when a datastore path is given."""
+    chosen: list[Drafter] = [PromptLookupDrafter()]
+    if datastore is not None:
+        from retrieval_draft.drafters.datastore import datastore_drafters
+
+        chosen.extend(datastore_drafters(datastore, vocab_size=model.config.vocab_size, tokenizer=tokenizer))
+    return chosen
+
+
+def _extra_stop_check(stopping_criteria):
+    """A per-token check for stopping criteria beyond max length and EOS, or None.
+
+    The engine enforces max length and EOS itself; anything else (stop
+    strings, max time, user criteria) is asked after each new token.
+    """
+    extra = [c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
+    if not extra:
+        return None
+
+    def should_stop(sequence: np.ndarray) -> bool:
+        ids = torch.from_numpy(sequence).unsqueeze(0)
+        return any(bool(criterion(ids, None).all()) for criterion in extra)
+
+    return should_stop

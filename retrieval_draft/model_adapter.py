@@ -1,0 +1,152 @@
+"""The only code that touches transformers internals.
+
+``TreeModel`` wraps a causal LM and its KV cache: prefill a prompt, score a
+token tree in one forward pass (4D additive mask + per-node position ids),
+then keep only the accepted nodes' KV rows. Batch size is 1.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from retrieval_draft.errors import InvalidInputError, UnsupportedModelError
+from retrieval_draft.tree import DraftTree
+
+_MASKABLE_ATTENTION = ("sdpa", "eager")
+
+
+def check_tree_support(model: torch.nn.Module) -> None:
+    """Raise UnsupportedModelError unless ``model`` can score a tree with a 4D mask."""
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedModelError(f"{type(model).__name__} is an encoder-decoder; only decoder-only LMs are supported")
+    params = inspect.signature(model.forward).parameters
+    if "position_ids" not in params or "attention_mask" not in params:
+        raise UnsupportedModelError(f"{type(model).__name__}.forward takes no position_ids/attention_mask")
+    impl = getattr(config, "_attn_implementation", None)
+    if impl not in _MASKABLE_ATTENTION:
+        raise UnsupportedModelError(
+            f"attention implementation {impl!r} cannot take a 4D tree mask; load the model with "
+            f"attn_implementation='sdpa' or 'eager'"
+        )
+    layer_types = set(getattr(config, "layer_types", None) or ())
+    if layer_types - {"full_attention", "sliding_attention"}:
+        raise UnsupportedModelError(f"layer types {sorted(layer_types)} are not supported (no KV cache compaction)")
+
+
+def context_limit(model: torch.nn.Module) -> int | None:
+    """The model's maximum sequence length in tokens, when its config states one."""
+    return getattr(model.config, "max_position_embeddings", None)
+
+
+class TreeModel:
+    """A causal LM plus its KV cache, driven one token tree at a time.
+
+    ``past_len`` counts the tokens whose KV rows are cached.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        check_tree_support(model)
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        config = model.config
+        self._window = getattr(config, "sliding_window", None)
+        self._layer_types = set(getattr(config, "layer_types", None) or ())
+        self.cache = DynamicCache()
+        self.past_len = 0
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Run the prompt (shape (1, L), int64) into a fresh cache; return the last logits, shape (V,)."""
+        self.cache = DynamicCache()
+        length = input_ids.shape[1]
+        out = self.model(
+            input_ids=input_ids.to(self.device),
+            position_ids=torch.arange(length, device=self.device).unsqueeze(0),
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.past_len = length
+        return out.logits[0, -1].float()
+
+    @torch.no_grad()
+    def score_tree(self, tree: DraftTree) -> torch.Tensor:
+        """One forward pass over every tree node; return logits of shape (n, V), float32.
+
+        Afterwards the cache holds ``past_len + n`` rows until ``keep`` trims it.
+        """
+        positions = tree.depths + self.past_len
+        out = self.model(
+            input_ids=torch.from_numpy(tree.tokens).unsqueeze(0).to(self.device),
+            position_ids=torch.from_numpy(positions).unsqueeze(0).to(self.device),
+            attention_mask=self._mask(positions, tree.ancestor_mask(), self.past_len),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return out.logits[0].float()
+
+    def keep(self, nodes: np.ndarray) -> None:
+        """Keep the KV rows of tree ``nodes`` (shape (m,), increasing, starting with root 0).
+
+        Rows move down to directly follow the old cache; the rest are dropped.
+        """
+        base = self.past_len
+        kept = base + nodes.shape[0]
+        contiguous = bool(np.all(nodes == np.arange(nodes.shape[0])))
+        index = None if contiguous else torch.from_numpy(nodes + base).to(self.device)
+        for layer in self.cache.layers:
+            if index is not None:
+                layer.keys[..., base:kept, :] = layer.keys.index_select(-2, index)
+                layer.values[..., base:kept, :] = layer.values.index_select(-2, index)
+            layer.keys = layer.keys[..., :kept, :]
+            layer.values = layer.values[..., :kept, :]
+        self.past_len = kept
+
+    def _mask(self, positions: np.ndarray, visible: np.ndarray, past_len: int):
+        """Additive float mask(s) for new tokens at ``positions`` (shape (n,)).
+
+        ``visible``: (n, n) bool, which new tokens each new token may see. The
+        cache's ``past_len`` rows sit at positions 0..past_len-1 and are all
+        visible, except beyond a sliding window on sliding-attention layers.
+        Returns a (1, 1, n, past_len + n) tensor, or a dict of them keyed by
+        layer type for models that mix full and sliding attention.
+        """
+        n = positions.shape[0]
+        key_pos = np.concatenate([np.arange(past_len, dtype=np.int64), positions])
+        allowed = np.concatenate([np.ones((n, past_len), dtype=bool), visible], axis=1)
+        full = self._additive(allowed)
+        if "sliding_attention" not in self._layer_types or not self._window:
+            return full
+        in_window = (positions[:, None] - key_pos[None, :]) < self._window
+        return {"full_attention": full, "sliding_attention": self._additive(allowed & in_window)}
+
+    def _additive(self, allowed: np.ndarray) -> torch.Tensor:
+        """(n, k) bool -> (1, 1, n, k) additive mask in the model's dtype."""
+        mask = torch.zeros(allowed.shape, dtype=self.dtype)
+        mask.masked_fill_(torch.from_numpy(~allowed), torch.finfo(self.dtype).min)
+        return mask[None, None].to(self.device)
+
+
+def validate_prompt(input_ids: torch.Tensor, max_new_tokens: int, vocab_size: int, limit: int | None) -> None:
+    """Raise InvalidInputError for inputs the engine cannot serve."""
+    if input_ids.dim() != 2:
+        raise InvalidInputError(f"input_ids must have shape (1, L), got {tuple(input_ids.shape)}")
+    if input_ids.shape[0] != 1:
+        raise InvalidInputError(f"batch size {input_ids.shape[0]} is not supported; pass one sequence")
+    if input_ids.shape[1] == 0:
+        raise InvalidInputError("the prompt is empty")
+    if max_new_tokens < 1:
+        raise InvalidInputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab_size:
+        raise InvalidInputError(f"token ids must lie in [0, {vocab_size}); got range [{low}, {high}]")
+    if limit is not None and input_ids.shape[1] >= limit:
+        raise InvalidInputError(
+            f"the prompt has {input_ids.shape[1]} tokens; the model's context holds {limit}"
+        )

@@ -1,0 +1,143 @@
+"""A loaded model, tokenizer and drafters, ready to serve text requests.
+
+This is the text edge of the runtime: it turns prompts into ids, picks
+drafters by name, calls ``model.generate`` with our plugin, and times plain
+HF ``generate`` side by side for ``--compare`` and the benchmark harness.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
+from retrieval_draft.engine import DecodeStats
+from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.hf import generate as plugin_generate
+
+DRAFTER_NAMES = ("prompt", "ngram", "suffix")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One text generation. ``sampling`` holds temperature/top_k/top_p; empty means greedy."""
+
+    prompt: str
+    chat: bool = False
+    max_new_tokens: int = 128
+    drafters: str = "all"
+    tree_budget: int = 12
+    max_draft_len: int = 8
+    sampling: dict = field(default_factory=dict)
+    seed: int = 0
+
+
+@dataclass
+class Session:
+    """A model and tokenizer plus the drafters that outlive single calls."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    datastore_drafters: dict[str, Drafter] = field(default_factory=dict)
+
+    def encode(self, request: GenerationRequest) -> torch.Tensor:
+        """Prompt ids, shape (1, L); with ``chat`` through the model's chat template."""
+        if not request.prompt.strip():
+            raise InvalidInputError("the prompt is empty")
+        if request.chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise InvalidInputError("this model has no chat template; drop --chat")
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": request.prompt}], add_generation_prompt=True, return_dict=False
+            )
+        else:
+            ids = self.tokenizer(request.prompt)["input_ids"]
+        return torch.tensor([list(ids)], dtype=torch.long)
+
+    def drafters(self, spec: str) -> list[Drafter]:
+        """Drafters named by ``spec``: a comma list of prompt/ngram/suffix, or 'all'."""
+        names = [n.strip() for n in spec.split(",") if n.strip()]
+        if names == ["all"]:
+            names = ["prompt", *self.datastore_drafters]
+        unknown = [n for n in names if n not in DRAFTER_NAMES]
+        if unknown or not names:
+            raise InvalidInputError(f"unknown drafters {unknown or spec!r}; choose from {', '.join(DRAFTER_NAMES)}")
+        chosen: list[Drafter] = []
+        for name in names:
+            if name == "prompt":
+                chosen.append(PromptLookupDrafter())
+            elif name in self.datastore_drafters:
+                chosen.append(self.datastore_drafters[name])
+            else:
+                raise InvalidInputError(f"the {name} drafter needs a datastore (--datastore DIR)")
+        return chosen
+
+    def generate_ids(self, input_ids: torch.Tensor, request: GenerationRequest, streamer=None):
+        """Our generation: returns (sequence of shape (1, L + m), DecodeStats, wall seconds)."""
+        stats = DecodeStats()
+        started = time.perf_counter()
+        out = self.model.generate(
+            input_ids,
+            custom_generate=plugin_generate,
+            max_new_tokens=request.max_new_tokens,
+            drafters=self.drafters(request.drafters),
+            tree_budget=request.tree_budget,
+            max_draft_len=request.max_draft_len,
+            draft_streamer=streamer,
+            draft_stats=stats,
+            draft_seed=request.seed,
+            **self._sampling_kwargs(request),
+        )
+        return out, stats, time.perf_counter() - started
+
+    def plain_ids(self, input_ids: torch.Tensor, request: GenerationRequest):
+        """Plain HF generate: returns (sequence of shape (1, L + m), wall seconds)."""
+        torch.manual_seed(request.seed)
+        started = time.perf_counter()
+        out = self.model.generate(input_ids, max_new_tokens=request.max_new_tokens, **self._sampling_kwargs(request))
+        return out, time.perf_counter() - started
+
+    def prefill_seconds(self, input_ids: torch.Tensor) -> float:
+        """Wall time of one forward pass over the prompt (what both methods pay first)."""
+        with torch.no_grad():
+            started = time.perf_counter()
+            self.model(input_ids, logits_to_keep=1)
+            return time.perf_counter() - started
+
+    def generate(self, request: GenerationRequest, stream=None) -> tuple[str, DecodeStats]:
+        """Generate text; with ``stream`` (a file), print tokens as they come."""
+        from transformers import TextStreamer
+
+        input_ids = self.encode(request)
+        streamer = None
+        if stream is not None:
+            streamer = TextStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        out, stats, _ = self.generate_ids(input_ids, request, streamer)
+        return self.decode_new(input_ids, out), stats
+
+    def decode_new(self, input_ids: torch.Tensor, out: torch.Tensor) -> str:
+        """Text of the tokens after the prompt."""
+        return self.tokenizer.decode(out[0, input_ids.shape[1] :], skip_special_tokens=True)
+
+    def _sampling_kwargs(self, request: GenerationRequest) -> dict:
+        if not request.sampling:
+            return {"do_sample": False}
+        return {"do_sample": True, **request.sampling}
+
+
+def load_session(model_path: str | None = None, datastore_path: str | None = None) -> Session:
+    """Load model and tokenizer (default SmolLM2-135M) and, optionally, a datastore's drafters."""
+    from retrieval_draft.models import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(model_path)
+    model = load_model(model_path)
+    session = Session(model=model, tokenizer=tokenizer)
+    if datastore_path is not None:
+        from retrieval_draft.drafters.datastore import datastore_drafters
+
+        found = datastore_drafters(datastore_path, vocab_size=model.config.vocab_size, tokenizer=tokenizer)
+        session.datastore_drafters = {d.name: d for d in found}
+    return session

@@ -1,0 +1,127 @@
+"""Token trees: drafts merged into one trie, pruned to a node budget.
+
+Node 0 is the root: the pending token, already chosen and emitted, whose KV
+row is not yet in the cache. Every other node is a draft token. Nodes are in
+topological order (a parent's index is below its children's), and the
+children of a node are ordered by decreasing estimated probability, which is
+the order in which verification tries them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from retrieval_draft.drafters.base import Draft
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A validated token tree.
+
+    Attributes:
+        tokens: shape (n,), int64 token id of each node; ``tokens[0]`` is the root.
+        parents: shape (n,), int64 parent index; ``parents[0] == -1``.
+        depths: shape (n,), int64 distance from the root (root 0).
+        probs: shape (n,), float64 estimated probability that the node is
+            accepted (root 1.0), never above its parent's.
+    """
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    depths: np.ndarray
+    probs: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = self.tokens.shape[0]
+        if n < 1 or self.parents[0] != -1 or self.depths[0] != 0:
+            raise ValueError("a DraftTree needs a root at index 0")
+        for name in ("parents", "depths", "probs"):
+            if getattr(self, name).shape != (n,):
+                raise ValueError(f"DraftTree.{name} must have shape ({n},)")
+        child_parents = self.parents[1:]
+        if np.any(child_parents < 0) or np.any(child_parents >= np.arange(1, n)):
+            raise ValueError("DraftTree nodes must be in topological order")
+        if np.any(self.depths[1:] != self.depths[child_parents] + 1):
+            raise ValueError("DraftTree depths disagree with parents")
+
+    @property
+    def size(self) -> int:
+        """Number of nodes, root included."""
+        return int(self.tokens.shape[0])
+
+    def children(self) -> list[list[int]]:
+        """Child indices of every node, in verification order (decreasing prob)."""
+        kids: list[list[int]] = [[] for _ in range(self.size)]
+        for child in np.argsort(-self.probs[1:], kind="stable") + 1:
+            kids[int(self.parents[child])].append(int(child))
+        return kids
+
+    def ancestor_mask(self) -> np.ndarray:
+        """Boolean (n, n): ``[i, j]`` is True when node j is node i or one of its ancestors."""
+        n = self.size
+        mask = np.zeros((n, n), dtype=bool)
+        rows = np.arange(n)
+        cursor = rows.copy()
+        for _ in range(int(self.depths.max()) + 1):
+            mask[rows, cursor] = True
+            cursor = np.where(cursor > 0, self.parents[cursor], 0)
+        return mask
+
+    def path_to(self, node: int) -> np.ndarray:
+        """Node indices from the root's first child down to ``node`` (root excluded)."""
+        path = []
+        while node > 0:
+            path.append(node)
+            node = int(self.parents[node])
+        return np.array(path[::-1], dtype=np.int64)
+
+
+def build_tree(root_token: int, drafts: list[Draft], budget: int) -> DraftTree:
+    """Merge drafts into a trie under ``root_token`` and keep the ``budget`` best draft nodes.
+
+    A node proposed by several drafts gets probability 1 - prod(1 - p_i) over
+    their path probabilities p_i (independent evidence), which keeps every
+    child at or below its parent; pruning therefore keeps the most probable
+    nodes and their ancestors come along. ``budget`` counts draft nodes, the
+    root excluded; ``budget == 0`` gives a lone root (plain decoding).
+    """
+    index: dict[tuple[int, int], int] = {}
+    tokens, parents, depths = [int(root_token)], [-1], [0]
+    miss = [0.0]  # running product of (1 - p_i) per node; prob = 1 - miss
+    for draft in drafts:
+        node, path_prob = 0, 1.0
+        for token, prob in zip(draft.tokens.tolist(), draft.probs.tolist()):
+            path_prob *= prob
+            key = (node, token)
+            child = index.get(key)
+            if child is None:
+                child = len(tokens)
+                index[key] = child
+                tokens.append(token)
+                parents.append(node)
+                depths.append(depths[node] + 1)
+                miss.append(1.0)
+            miss[child] *= 1.0 - path_prob
+            node = child
+    probs = 1.0 - np.asarray(miss)
+    probs[0] = 1.0
+    parents_arr, depths_arr = np.asarray(parents), np.asarray(depths)
+    for depth in range(1, int(depths_arr.max()) + 1):  # rounding must not lift a child over its parent
+        level = depths_arr == depth
+        probs[level] = np.minimum(probs[level], probs[parents_arr[level]])
+    keep = np.sort(np.argsort(-probs, kind="stable")[: budget + 1])
+    return _subtree(np.asarray(tokens), parents_arr, depths_arr, probs, keep)
+
+
+def _subtree(tokens, parents, depths, probs, keep: np.ndarray) -> DraftTree:
+    """Restrict a tree to the sorted, ancestor-closed node set ``keep``."""
+    remap = np.full(tokens.shape[0], -1, dtype=np.int64)
+    remap[keep] = np.arange(keep.shape[0])
+    new_parents = np.where(parents[keep] >= 0, remap[np.maximum(parents[keep], 0)], -1)
+    return DraftTree(
+        tokens=tokens[keep].astype(np.int64),
+        parents=new_parents.astype(np.int64),
+        depths=depths[keep].astype(np.int64),
+        probs=probs[keep].astype(np.float64),
+    )

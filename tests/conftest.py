@@ -1,0 +1,43 @@
+"""Shared fixtures: a tiny randomly initialised Llama (no download, fast)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+TINY_VOCAB = 320
+
+
+def make_tiny_llama(seed: int = 0, vocab_size: int = TINY_VOCAB, attn: str = "sdpa") -> LlamaForCausalLM:
+    """A 2-layer Llama with random weights; EOS id 2, pad id 0, context 256."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        attn_implementation=attn,
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_llama() -> LlamaForCausalLM:
+    return make_tiny_llama()
+
+
+def random_prompt(seed: int, length: int = 24, vocab_size: int = TINY_VOCAB, repeat: int = 1) -> torch.Tensor:
+    """Shape (1, length * repeat): random ids in [3, vocab) (no pad/BOS/EOS), the block repeated."""
+    generator = torch.Generator().manual_seed(seed)
+    block = torch.randint(3, vocab_size, (length,), generator=generator)
+    return block.repeat(repeat).unsqueeze(0)

@@ -1,0 +1,75 @@
+"""Bad input gets a clear, typed error; the CLI prints one line and exits non-zero."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import retrieval_draft
+from retrieval_draft.errors import InvalidInputError, ModelLoadError, UnsupportedModelError
+from retrieval_draft.model_adapter import TreeModel
+from retrieval_draft.models import load_model
+from tests.conftest import make_tiny_llama, random_prompt
+
+
+def plugin(model, prompt, **kwargs):
+    return model.generate(prompt, custom_generate=retrieval_draft.generate, **kwargs)
+
+
+def test_empty_prompt_is_rejected(tiny_llama):
+    with pytest.raises(InvalidInputError, match="empty"):
+        plugin(tiny_llama, torch.zeros((1, 0), dtype=torch.long), max_new_tokens=4)
+
+
+def test_batch_of_two_is_rejected(tiny_llama):
+    with pytest.raises(InvalidInputError, match="batch size 2"):
+        plugin(tiny_llama, torch.cat([random_prompt(1), random_prompt(2)]), max_new_tokens=4)
+
+
+def test_zero_new_tokens_is_rejected(tiny_llama):
+    with pytest.raises((InvalidInputError, ValueError)):
+        plugin(tiny_llama, random_prompt(3), max_new_tokens=0)
+
+
+def test_prompt_longer_than_the_context_is_rejected(tiny_llama):
+    huge = random_prompt(4, length=300)  # the tiny model holds 256 positions
+    with pytest.raises(InvalidInputError, match="context holds 256"):
+        plugin(tiny_llama, huge, max_new_tokens=4)
+
+
+def test_token_ids_out_of_range_are_rejected(tiny_llama):
+    prompt = random_prompt(5)
+    prompt[0, 3] = 10_000
+    with pytest.raises(InvalidInputError, match="token ids"):
+        plugin(tiny_llama, prompt, max_new_tokens=4)
+
+
+def test_flash_attention_model_is_refused_with_a_clear_error():
+    model = make_tiny_llama()
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(UnsupportedModelError, match="4D tree mask"):
+        TreeModel(model)
+
+
+def test_unknown_model_path_is_a_typed_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="not found"):
+        load_model(str(tmp_path / "nope"))
+
+
+def run_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "retrieval_draft.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_cli_unknown_model_prints_one_line_and_exits_nonzero(tmp_path):
+    result = run_cli("generate", "--model", str(tmp_path / "missing"), "--prompt", "hi")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: model path not found: {tmp_path / 'missing'}"]
+
+
+def test_cli_empty_prompt_prints_one_line_and_exits_nonzero():
+    result = run_cli("generate", "--prompt", "   ")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: the prompt is empty"

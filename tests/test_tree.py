@@ -1,0 +1,83 @@
+"""Token trees: merging drafts, pruning to a budget, masks and positions."""
+
+import numpy as np
+import pytest
+
+from retrieval_draft.drafters.base import Draft
+from retrieval_draft.tree import DraftTree, build_tree
+
+
+def draft(tokens, probs):
+    return Draft(np.array(tokens), np.array(probs, dtype=float))
+
+
+def test_drafts_sharing_a_prefix_share_its_nodes():
+    tree = build_tree(7, [draft([1, 2, 3], [0.9, 0.9, 0.9]), draft([1, 2, 4], [0.5, 0.5, 0.5])], budget=10)
+    assert tree.size == 5  # root, 1, 2, 3, 4
+    assert tree.tokens.tolist() == [7, 1, 2, 3, 4]
+    assert tree.parents.tolist() == [-1, 0, 1, 2, 2]
+    assert tree.depths.tolist() == [0, 1, 2, 3, 3]
+
+
+def test_shared_node_probability_combines_both_drafts():
+    tree = build_tree(0, [draft([5], [0.5]), draft([5], [0.5])], budget=4)
+    assert tree.probs[1] == pytest.approx(0.75)
+
+
+def test_pruning_keeps_the_most_probable_nodes_and_their_ancestors():
+    drafts = [draft([1, 2, 3, 4], [0.9, 0.9, 0.9, 0.9]), draft([5, 6], [0.3, 0.3])]
+    tree = build_tree(0, drafts, budget=3)
+    assert tree.tokens.tolist() == [0, 1, 2, 3]
+    tree = build_tree(0, drafts, budget=5)
+    assert sorted(tree.tokens.tolist()) == [0, 1, 2, 3, 4, 5]
+    kept = set(range(tree.size))
+    assert all(p in kept or p == -1 for p in tree.parents.tolist())
+
+
+def test_zero_budget_gives_a_lone_root():
+    tree = build_tree(9, [draft([1, 2], [1.0, 1.0])], budget=0)
+    assert tree.size == 1 and tree.tokens.tolist() == [9]
+
+
+def test_children_are_ordered_by_decreasing_probability():
+    tree = build_tree(0, [draft([1], [0.2]), draft([2], [0.7]), draft([3], [0.5])], budget=3)
+    order = [int(tree.tokens[c]) for c in tree.children()[0]]
+    assert order == [2, 3, 1]
+
+
+def test_ancestor_mask_is_self_plus_ancestors():
+    tree = build_tree(0, [draft([1, 2], [0.9, 0.9]), draft([3], [0.5])], budget=3)
+    mask = tree.ancestor_mask()
+    expected = np.array(
+        [
+            [1, 0, 0, 0],  # root
+            [1, 1, 0, 0],  # 1
+            [1, 1, 1, 0],  # 2 under 1
+            [1, 0, 0, 1],  # 3 under root
+        ],
+        dtype=bool,
+    )
+    assert (mask == expected).all()
+
+
+def test_path_to_lists_nodes_from_the_root_down():
+    tree = build_tree(0, [draft([1, 2, 3], [0.9, 0.9, 0.9])], budget=3)
+    assert tree.path_to(3).tolist() == [1, 2, 3]
+    assert tree.path_to(0).tolist() == []
+
+
+def test_a_tree_out_of_topological_order_is_rejected():
+    with pytest.raises(ValueError):
+        DraftTree(
+            tokens=np.array([0, 1, 2]),
+            parents=np.array([-1, 2, 0]),
+            depths=np.array([0, 2, 1]),
+            probs=np.ones(3),
+        )
+
+
+def test_draft_probabilities_outside_zero_one_are_rejected():
+    with pytest.raises(ValueError):
+        draft([1], [1.5])
+    with pytest.raises(ValueError):
+        draft([1, 2], [0.5])

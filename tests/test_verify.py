@@ -1,0 +1,72 @@
+"""Greedy verification on hand-made logits."""
+
+import numpy as np
+import torch
+from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+
+from retrieval_draft.drafters.base import Draft
+from retrieval_draft.tree import build_tree
+from retrieval_draft.verify import verify_greedy
+
+VOCAB = 10
+
+
+def logits_choosing(choices):
+    """Shape (n, VOCAB) logits whose argmax at row i is choices[i]."""
+    out = torch.zeros(len(choices), VOCAB)
+    for row, token in enumerate(choices):
+        out[row, token] = 5.0
+    return out
+
+
+def chain_tree(tokens):
+    return build_tree(0, [Draft(np.array(tokens), np.full(len(tokens), 0.9))], budget=len(tokens))
+
+
+def test_all_drafts_accepted_when_the_model_agrees():
+    tree = chain_tree([3, 4, 5])
+    verdict = verify_greedy(tree, logits_choosing([3, 4, 5, 6]))
+    assert verdict.accepted.tolist() == [1, 2, 3]
+    assert verdict.bonus == 6
+
+
+def test_no_draft_accepted_when_the_first_disagrees():
+    tree = chain_tree([3, 4, 5])
+    verdict = verify_greedy(tree, logits_choosing([7, 4, 5, 6]))
+    assert verdict.accepted.tolist() == []
+    assert verdict.bonus == 7
+
+
+def test_acceptance_stops_at_the_first_disagreement():
+    tree = chain_tree([3, 4, 5])
+    verdict = verify_greedy(tree, logits_choosing([3, 9, 5, 6]))
+    assert verdict.accepted.tolist() == [1]
+    assert verdict.bonus == 9
+
+
+def test_the_branch_the_model_picks_is_followed():
+    drafts = [Draft(np.array([3, 4]), np.array([0.9, 0.9])), Draft(np.array([5, 6]), np.array([0.5, 0.5]))]
+    tree = build_tree(0, drafts, budget=4)
+    node_of = {int(t): i for i, t in enumerate(tree.tokens)}
+    choices = [0] * tree.size
+    choices[0] = 5
+    choices[node_of[5]] = 6
+    choices[node_of[6]] = 8
+    verdict = verify_greedy(tree, logits_choosing(choices))
+    assert tree.tokens[verdict.accepted].tolist() == [5, 6]
+    assert verdict.bonus == 8
+
+
+def test_processor_sees_each_nodes_own_prefix():
+    # Repetition penalty makes token 3 lose against 4 once 3 is in the prefix.
+    tree = chain_tree([3, 3])
+    logits = torch.zeros(3, VOCAB)
+    logits[:, 3] = 2.0
+    logits[:, 4] = 1.5
+    processor = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(penalty=2.0)])
+    prefix = torch.tensor([1, 0])
+    verdict = verify_greedy(tree, logits, processor, prefix)
+    # At the root the prefix has no 3: 3 wins and the first draft is accepted;
+    # below it the prefix holds a 3, so 4 wins and the second draft is rejected.
+    assert verdict.accepted.tolist() == [1]
+    assert verdict.bonus == 4
