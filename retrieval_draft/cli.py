@@ -24,8 +24,9 @@ def _add_generate(sub) -> None:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--datastore", default=None, help="datastore directory built by `retrieval-draft build`")
-    gen.add_argument("--drafters", default="all", help="comma list of prompt,ngram,suffix or 'all'")
-    gen.add_argument("--tree-budget", type=int, default=12, help="draft nodes per verification tree")
+    gen.add_argument("--drafters", default="all", help="comma list of prompt,ngram,suffix,history or 'all' (prompt + datastore drafters)")
+    gen.add_argument("--tree-budget", type=int, default=32, help="most draft nodes per verification tree")
+    gen.add_argument("--fixed-tree", action="store_true", help="always verify --tree-budget nodes (no cost-aware sizing)")
     gen.add_argument("--max-draft-len", type=int, default=8, help="deepest draft path in tokens")
     gen.add_argument("--temperature", type=float, default=None, help="sample at this temperature (default: greedy)")
     gen.add_argument("--top-k", type=int, default=None)
@@ -75,6 +76,7 @@ def run_generate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         drafters=args.drafters,
         tree_budget=args.tree_budget,
+        adaptive_tree=not args.fixed_tree,
         max_draft_len=args.max_draft_len,
         sampling=sampling,
         seed=args.seed,

@@ -18,7 +18,8 @@ import torch
 
 from retrieval_draft.drafters.base import Draft, Drafter
 from retrieval_draft.model_adapter import TreeModel
-from retrieval_draft.tree import DraftTree, build_tree
+from retrieval_draft.planner import TreePlanner
+from retrieval_draft.tree import build_tree
 from retrieval_draft.verify import LogitsProcessor, Verdict, verify_greedy, verify_sampling
 
 
@@ -29,7 +30,8 @@ class DecodeOptions:
     Attributes:
         max_new_tokens: stop after this many new tokens.
         eos_ids: generation stops right after emitting any of these.
-        tree_budget: draft nodes per tree, root excluded (0 = plain decoding).
+        tree_budget: most draft nodes per tree, root excluded (0 = plain
+            decoding); used when no planner is given.
         max_draft_len: deepest draft path, in tokens.
         do_sample: sample (lossless speculative sampling) instead of greedy.
     """
@@ -91,14 +93,18 @@ def speculative_decode(
     generator: torch.Generator | None = None,
     on_tokens: TokenSink | None = None,
     should_stop: StopCheck | None = None,
+    planner: TreePlanner | None = None,
 ) -> tuple[np.ndarray, DecodeStats]:
     """Generate up to ``options.max_new_tokens`` tokens after ``prompt`` (shape (1, L), int64).
 
     ``should_stop`` sees the whole sequence (prompt + new, shape (L + m,))
     after each new token and ends generation when it returns True, as HF
-    stopping criteria do. Returns the new tokens, shape (m,), and statistics.
+    stopping criteria do. ``planner`` sizes each tree (default: a fixed
+    ``options.tree_budget`` nodes). Returns the new tokens, shape (m,), and
+    statistics.
     """
     stats = DecodeStats()
+    planner = planner if planner is not None else TreePlanner(max_nodes=options.tree_budget)
     length = prompt.shape[1]
     context = np.empty(length + options.max_new_tokens + 1, dtype=np.int64)
     context[:length] = prompt[0].cpu().numpy()
@@ -116,11 +122,12 @@ def speculative_decode(
     while not done:
         remaining = length + options.max_new_tokens - emitted
         tick = time.perf_counter()
-        tree = _draft_tree(drafters, context[:emitted], remaining, options)
+        tree = planner.plan(int(context[emitted - 1]), _drafts(drafters, context[:emitted], remaining, options))
         tock = time.perf_counter()
         logits = model.score_tree(tree)
         verdict = _verify(tree, logits, context[:emitted], options, processor, generator)
         model.keep(np.concatenate([[0], verdict.accepted]))
+        planner.observe(tree, verdict.accepted, tock - tick)
         stats.draft_s += tock - tick
         stats.verify_s += time.perf_counter() - tock
         new = np.append(tree.tokens[verdict.accepted], verdict.bonus)
@@ -136,14 +143,14 @@ def speculative_decode(
     return output, stats
 
 
-def _draft_tree(drafters: Sequence[Drafter], context: np.ndarray, remaining: int, options: DecodeOptions) -> DraftTree:
-    """Merge every drafter's proposals into one tree rooted at the pending token."""
+def _drafts(drafters: Sequence[Drafter], context: np.ndarray, remaining: int, options: DecodeOptions) -> list[Draft]:
+    """Every drafter's proposals for the context, no longer than the tokens left allow."""
     max_len = min(options.max_draft_len, remaining - 1)
     drafts: list[Draft] = []
-    if max_len > 0 and options.tree_budget > 0:
+    if max_len > 0:
         for drafter in drafters:
             drafts.extend(drafter.propose(context, max_len))
-    return build_tree(int(context[-1]), drafts, options.tree_budget)
+    return drafts
 
 
 def _verify(tree, logits, context, options, processor, generator) -> Verdict:

@@ -16,11 +16,17 @@ import numpy as np
 import torch
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
+from retrieval_draft.cost import CostCache
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.engine import DecodeOptions, DecodeStats, speculative_decode
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.model_adapter import TreeModel, context_limit, validate_prompt
+from retrieval_draft.planner import TreePlanner
+
+# Forward-cost curves are a property of (model, machine): measured once per
+# live model and process, then reused by every call (weakly keyed: no leak).
+MEASURED_COSTS = CostCache()
 
 
 def generate(
@@ -34,8 +40,10 @@ def generate(
     drafters: Sequence[Drafter] | None = None,
     datastore: str | None = None,
     draft_tokenizer=None,
-    tree_budget: int = 12,
+    tree_budget: int = 32,
     max_draft_len: int = 8,
+    adaptive_tree: bool = True,
+    draft_planner: TreePlanner | None = None,
     draft_streamer=None,
     draft_stats: DecodeStats | None = None,
     draft_seed: int | None = None,
@@ -48,8 +56,13 @@ def generate(
             datastore's drafters when ``datastore`` is given.
         datastore: path of a datastore built by ``retrieval-draft build``.
         draft_tokenizer: the tokenizer in use, to check the datastore's fingerprint.
-        tree_budget: draft nodes per verification tree.
+        tree_budget: most draft nodes per verification tree.
         max_draft_len: deepest draft path.
+        adaptive_tree: size each tree by the measured forward cost and the
+            observed acceptance (a one-off cost measurement per model and
+            process); False verifies ``tree_budget`` nodes every step.
+        draft_planner: a ``TreePlanner`` to reuse across calls, so what it
+            learned about acceptance carries over; overrides the two above.
         draft_streamer: an HF streamer (``put``/``end``); ``generate`` drops its own
             ``streamer`` for custom callables, so pass it here.
         draft_stats: a ``DecodeStats`` to fill in with this call's statistics.
@@ -87,12 +100,18 @@ def generate(
         generator=generator,
         on_tokens=(lambda tokens: draft_streamer.put(torch.from_numpy(tokens))) if draft_streamer else None,
         should_stop=_extra_stop_check(stopping_criteria),
+        planner=draft_planner or make_planner(model, tree_budget, adaptive_tree),
     )
     if draft_streamer is not None:
         draft_streamer.end()
     if draft_stats is not None:
         draft_stats.__dict__.update(stats.__dict__)
     return torch.cat([input_ids, torch.from_numpy(new).to(input_ids.device)[None]], dim=1)
+
+
+def make_planner(model, tree_budget: int, adaptive: bool) -> TreePlanner:
+    """A tree planner: cost-aware when ``adaptive`` (curve measured once per model), else fixed size."""
+    return TreePlanner(max_nodes=tree_budget, cost=MEASURED_COSTS.get(model) if adaptive else None)
 
 
 def default_drafters(datastore: str | None, model, tokenizer=None) -> list[Drafter]:

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 import torch
 
 from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.engine import DecodeStats
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.hf import generate as plugin_generate
 
-DRAFTER_NAMES = ("prompt", "ngram", "suffix")
+DRAFTER_NAMES = ("prompt", "ngram", "suffix", "history")
 
 
 @dataclass(frozen=True)
@@ -29,19 +30,25 @@ class GenerationRequest:
     chat: bool = False
     max_new_tokens: int = 128
     drafters: str = "all"
-    tree_budget: int = 12
+    tree_budget: int = 32
     max_draft_len: int = 8
+    adaptive_tree: bool = True
     sampling: dict = field(default_factory=dict)
     seed: int = 0
 
 
 @dataclass
 class Session:
-    """A model and tokenizer plus the drafters that outlive single calls."""
+    """A model and tokenizer plus the drafters that outlive single calls.
+
+    ``history`` learns from every generation of this session that names it
+    (drafter spec ``history``); 'all' leaves it out so runs stay independent.
+    """
 
     model: torch.nn.Module
     tokenizer: object
     datastore_drafters: dict[str, Drafter] = field(default_factory=dict)
+    history: HistoryDrafter = field(default_factory=HistoryDrafter)
 
     def encode(self, request: GenerationRequest) -> torch.Tensor:
         """Prompt ids, shape (1, L); with ``chat`` through the model's chat template."""
@@ -58,7 +65,7 @@ class Session:
         return torch.tensor([list(ids)], dtype=torch.long)
 
     def drafters(self, spec: str) -> list[Drafter]:
-        """Drafters named by ``spec``: a comma list of prompt/ngram/suffix, or 'all'."""
+        """Drafters named by ``spec``: a comma list of prompt/ngram/suffix/history, or 'all'."""
         names = [n.strip() for n in spec.split(",") if n.strip()]
         if names == ["all"]:
             names = ["prompt", *self.datastore_drafters]
@@ -69,6 +76,8 @@ class Session:
         for name in names:
             if name == "prompt":
                 chosen.append(PromptLookupDrafter())
+            elif name == "history":
+                chosen.append(self.history)
             elif name in self.datastore_drafters:
                 chosen.append(self.datastore_drafters[name])
             else:
@@ -86,6 +95,7 @@ class Session:
             drafters=self.drafters(request.drafters),
             tree_budget=request.tree_budget,
             max_draft_len=request.max_draft_len,
+            adaptive_tree=request.adaptive_tree,
             draft_streamer=streamer,
             draft_stats=stats,
             draft_seed=request.seed,

@@ -68,6 +68,27 @@ class DraftTree:
             cursor = np.where(cursor > 0, self.parents[cursor], 0)
         return mask
 
+    def top(self, budget: int, scores: np.ndarray) -> "DraftTree":
+        """The root plus the ``budget`` draft nodes of highest ``scores`` (shape (n,)).
+
+        ``scores`` must never rise from parent to child (probabilities of
+        reaching a node do not), so with ties broken by index the kept set
+        holds every kept node's ancestors.
+        """
+        if budget + 1 >= self.size:
+            return self
+        order = np.argsort(-scores[1:], kind="stable")[:budget] + 1
+        keep = np.concatenate([[0], np.sort(order)])
+        remap = np.full(self.size, -1, dtype=np.int64)
+        remap[keep] = np.arange(keep.shape[0])
+        parents = self.parents[keep]
+        return DraftTree(
+            tokens=self.tokens[keep],
+            parents=np.where(parents >= 0, remap[np.maximum(parents, 0)], -1),
+            depths=self.depths[keep],
+            probs=self.probs[keep],
+        )
+
     def path_to(self, node: int) -> np.ndarray:
         """Node indices from the root's first child down to ``node`` (root excluded)."""
         path = []
@@ -78,13 +99,17 @@ class DraftTree:
 
 
 def build_tree(root_token: int, drafts: list[Draft], budget: int) -> DraftTree:
-    """Merge drafts into a trie under ``root_token`` and keep the ``budget`` best draft nodes.
+    """Merge drafts under ``root_token`` and keep the ``budget`` most probable draft nodes."""
+    tree = merge_drafts(root_token, drafts)
+    return tree.top(budget, tree.probs)
+
+
+def merge_drafts(root_token: int, drafts: list[Draft]) -> DraftTree:
+    """Merge drafts into one trie under ``root_token``, unpruned.
 
     A node proposed by several drafts gets probability 1 - prod(1 - p_i) over
     their path probabilities p_i (independent evidence), which keeps every
-    child at or below its parent; pruning therefore keeps the most probable
-    nodes and their ancestors come along. ``budget`` counts draft nodes, the
-    root excluded; ``budget == 0`` gives a lone root (plain decoding).
+    child at or below its parent.
     """
     index: dict[tuple[int, int], int] = {}
     tokens, parents, depths = [int(root_token)], [-1], [0]
@@ -93,11 +118,10 @@ def build_tree(root_token: int, drafts: list[Draft], budget: int) -> DraftTree:
         node, path_prob = 0, 1.0
         for token, prob in zip(draft.tokens.tolist(), draft.probs.tolist()):
             path_prob *= prob
-            key = (node, token)
-            child = index.get(key)
+            child = index.get((node, token))
             if child is None:
                 child = len(tokens)
-                index[key] = child
+                index[(node, token)] = child
                 tokens.append(token)
                 parents.append(node)
                 depths.append(depths[node] + 1)
@@ -106,22 +130,8 @@ def build_tree(root_token: int, drafts: list[Draft], budget: int) -> DraftTree:
             node = child
     probs = 1.0 - np.asarray(miss)
     probs[0] = 1.0
-    parents_arr, depths_arr = np.asarray(parents), np.asarray(depths)
+    parents_arr, depths_arr = np.asarray(parents, dtype=np.int64), np.asarray(depths, dtype=np.int64)
     for depth in range(1, int(depths_arr.max()) + 1):  # rounding must not lift a child over its parent
         level = depths_arr == depth
         probs[level] = np.minimum(probs[level], probs[parents_arr[level]])
-    keep = np.sort(np.argsort(-probs, kind="stable")[: budget + 1])
-    return _subtree(np.asarray(tokens), parents_arr, depths_arr, probs, keep)
-
-
-def _subtree(tokens, parents, depths, probs, keep: np.ndarray) -> DraftTree:
-    """Restrict a tree to the sorted, ancestor-closed node set ``keep``."""
-    remap = np.full(tokens.shape[0], -1, dtype=np.int64)
-    remap[keep] = np.arange(keep.shape[0])
-    new_parents = np.where(parents[keep] >= 0, remap[np.maximum(parents[keep], 0)], -1)
-    return DraftTree(
-        tokens=tokens[keep].astype(np.int64),
-        parents=new_parents.astype(np.int64),
-        depths=depths[keep].astype(np.int64),
-        probs=probs[keep].astype(np.float64),
-    )
+    return DraftTree(np.asarray(tokens, dtype=np.int64), parents_arr, depths_arr, probs)

@@ -11,11 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from retrieval_draft.drafters.base import Draft, Drafter
-
-# Estimated probability that the first copied token is accepted, by match
-# length (index = tokens matched, capped at the last entry).
-_FIRST_TOKEN_PROB = (0.0, 0.25, 0.4, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8)
-_NEXT_TOKEN_PROB = 0.85
+from retrieval_draft.drafters.tail_match import continuations, tail_matches
 
 
 class PromptLookupDrafter(Drafter):
@@ -27,7 +23,7 @@ class PromptLookupDrafter(Drafter):
         max_branches: most distinct continuations proposed per step.
     """
 
-    name = "prompt_lookup"
+    name = "prompt"
 
     def __init__(self, max_ngram: int = 8, min_ngram: int = 1, max_branches: int = 4) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -40,52 +36,8 @@ class PromptLookupDrafter(Drafter):
 
     def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
         """Up to ``max_branches`` continuations of ``context`` (shape (n,), int64)."""
-        starts, lengths = self._matches(context)
-        if starts.size == 0:
-            return []
-        order = np.lexsort((-starts, -lengths))  # longest match first, then most recent
-        starts, lengths = starts[order], lengths[order]
-        next_tokens = context[starts + 1]
-        drafts: list[Draft] = []
-        seen: set[tuple[int, ...]] = set()
-        for start, length in zip(starts.tolist(), lengths.tolist()):
-            tokens = context[start + 1 : start + 1 + max_len]
-            key = tuple(tokens.tolist())
-            if key in seen:
-                continue
-            seen.add(key)
-            same_level = lengths >= length
-            share = np.count_nonzero(next_tokens[same_level] == tokens[0]) / np.count_nonzero(same_level)
-            first = _FIRST_TOKEN_PROB[min(length, len(_FIRST_TOKEN_PROB) - 1)] * share
-            probs = np.full(tokens.shape[0], _NEXT_TOKEN_PROB)
-            probs[0] = max(first, 1e-3)
-            drafts.append(Draft(tokens, probs))
-            if len(drafts) == self.max_branches:
-                break
-        return drafts
-
-    def _matches(self, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Earlier end positions of the context's tail and the match length at each.
-
-        Returns (ends, lengths): ``context[end - length + 1 : end + 1]`` equals
-        the last ``length`` tokens, ``end < n - 1`` so at least one token
-        follows, and ``length >= min_ngram``.
-        """
-        n = context.shape[0]
-        if n < 2:
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        ends = np.flatnonzero(context[: n - 1] == context[n - 1])
-        lengths = np.ones(ends.shape[0], dtype=np.int64)
-        alive = np.ones(ends.shape[0], dtype=bool)
-        for back in range(1, self.max_ngram):
-            if back >= n:
-                break
-            probe = ends - back
-            ok = alive & (probe >= 0)
-            ok[ok] = context[probe[ok]] == context[n - 1 - back]
-            lengths += ok
-            alive = ok
-            if not alive.any():
-                break
+        ends, lengths = tail_matches(context, context, self.max_ngram)
         keep = lengths >= self.min_ngram
-        return ends[keep], lengths[keep]
+        if not keep.any():
+            return []
+        return continuations(context, ends[keep], lengths[keep], max_len, self.max_branches)
