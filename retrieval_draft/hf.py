@@ -88,7 +88,10 @@ def generate(
     generator = None
     if options.do_sample:
         generator = torch.Generator(device="cpu")
-        generator.manual_seed(draft_seed if draft_seed is not None else int(torch.seed() % 2**63))
+        # Without a seed of its own, draw one from torch's global generator: that
+        # respects (and advances) torch.manual_seed as HF sampling does.
+        seed = draft_seed if draft_seed is not None else int(torch.randint(0, 2**62, (1,)))
+        generator.manual_seed(seed)
     if draft_streamer is not None:
         draft_streamer.put(input_ids.cpu())
     new, stats = speculative_decode(

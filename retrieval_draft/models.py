@@ -39,18 +39,24 @@ def _split(path: str | None) -> tuple[str, dict]:
         return os.path.dirname(os.path.abspath(path)), {"gguf_file": os.path.basename(path)}
     if not os.path.isdir(path):
         raise ModelLoadError(f"model path must be a directory or a .gguf file: {path}")
+    ggufs = sorted(Path(path).glob("*.gguf"))
+    if len(ggufs) == 1 and not (Path(path) / "config.json").exists():
+        return path, {"gguf_file": ggufs[0].name}  # a folder holding just a GGUF file
     return path, {}
 
 
 def load_tokenizer(path: str | None = None):
-    """The fast tokenizer of a local model directory or GGUF file (default model when None)."""
+    """The fast tokenizer of a local model or tokenizer directory, or a GGUF file (default model when None)."""
     from transformers import AutoTokenizer
 
     folder, extra = _split(path)
     try:
-        return AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
-    except (OSError, ValueError) as error:
-        raise ModelLoadError(f"cannot load a tokenizer from {path or folder}: {error}") from error
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
+    except Exception as error:  # transformers raises many unrelated types here
+        raise ModelLoadError(f"cannot load a tokenizer from {path or folder}: {error}".splitlines()[0]) from error
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(f"the tokenizer at {path or folder} is not a fast tokenizer")
+    return tokenizer
 
 
 def load_model(path: str | None = None, attn_implementation: str = "sdpa"):
@@ -67,6 +73,6 @@ def load_model(path: str | None = None, attn_implementation: str = "sdpa"):
             attn_implementation=attn_implementation,
             **extra,
         )
-    except (OSError, ValueError) as error:
-        raise ModelLoadError(f"cannot load a causal LM from {path or folder}: {error}") from error
+    except Exception as error:  # transformers raises many unrelated types here
+        raise ModelLoadError(f"cannot load a causal LM from {path or folder}: {error}".splitlines()[0]) from error
     return model.eval()

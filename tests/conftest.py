@@ -8,6 +8,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 TINY_VOCAB = 320
 
+# Tiny models run fastest on one thread (thread start-up dominates their
+# matmuls); tests on the real model raise this in their own fixture.
+torch.set_num_threads(1)
+
 
 def make_tiny_llama(seed: int = 0, vocab_size: int = TINY_VOCAB, attn: str = "sdpa") -> LlamaForCausalLM:
     """A 2-layer Llama with random weights; EOS id 2, pad id 0, context 256."""

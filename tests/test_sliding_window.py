@@ -25,7 +25,7 @@ def tiny_gemma3():
     return model
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(4))
 def test_output_equals_hf_greedy_past_the_sliding_window(tiny_gemma3, seed):
     generator = torch.Generator().manual_seed(seed)
     block = torch.randint(3, 300, (10,), generator=generator)

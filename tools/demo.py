@@ -45,7 +45,9 @@ def _ensure_datastore(store: str) -> str | None:
     stdlib = sysconfig.get_paths()["stdlib"]
     print(f"building a datastore from {stdlib} (once; cached in {store}) ...", file=sys.stderr)
     started = time.perf_counter()
-    code = cli_main(["build", stdlib, "--glob", "*.py", "--out", store])
+    code = cli_main(
+        ["build", stdlib, "--glob", "*.py", "--exclude", "site-packages", "--exclude", "test", "--out", store]
+    )
     if code != 0:
         print("datastore build failed; continuing with prompt lookup only", file=sys.stderr)
         return None

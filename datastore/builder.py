@@ -1,0 +1,102 @@
+"""Build and merge datastores, atomically.
+
+Everything is written into a temp directory next to ``--out`` and renamed
+into place only when complete, so a failed build leaves the previous
+datastore untouched and a reader never sees a half-written one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from datastore.atomic import swap_into_place, temp_dir_next_to
+from datastore.encode import encode_corpus
+from datastore.index import IndexParams, write_index
+from datastore.layout import FORMAT_VERSION, separator_id, token_dtype
+from datastore.manifest import write_manifest
+from datastore.sources import SourceOptions, iter_documents
+from datastore.store import open_datastore
+from datastore.suffix_trie import key_width
+from datastore.tokenizer import tokenizer_fingerprint, tokenizer_vocab_size
+from retrieval_draft.errors import TokenizerMismatchError
+
+SPOOL = "tokens.spool"
+
+
+def _finish(tmp: Path, out: Path, tokens: np.ndarray, header: dict, params: IndexParams, extra: dict) -> dict:
+    """Index ``tokens`` into ``tmp``, write the manifest, swap ``tmp`` into ``out``; returns the manifest."""
+    vocab_size = header["vocab_size"]
+    sep = separator_id(tokens.dtype)
+    index_stats = write_index(tmp, tokens, vocab_size, sep, params)
+    body = {
+        "format_version": FORMAT_VERSION,
+        "tokenizer": {"fingerprint": header["fingerprint"], "vocab_size": vocab_size},
+        "storage": {"dtype": tokens.dtype.name, "separator_id": sep, "trie_key_width": key_width(vocab_size)},
+        "params": params.to_dict(),
+        "stats": {"documents": header["documents"], "tokens": int(tokens.size), **index_stats, **extra},
+    }
+    manifest = write_manifest(tmp, body)
+    swap_into_place(tmp, out)
+    return manifest
+
+
+def build(
+    sources: list[str],
+    out: Path,
+    tokenizer,
+    *,
+    options: SourceOptions = SourceOptions(),
+    params: IndexParams = IndexParams(),
+    progress: bool = True,
+) -> dict:
+    """Build a datastore at ``out`` from ``sources``; returns its manifest.
+
+    Raises EmptyCorpusError, InvalidInputError, TokenIdOutOfRangeError; on
+    any failure the previous ``out`` is left as it was.
+    """
+    vocab_size = tokenizer_vocab_size(tokenizer)
+    dtype = token_dtype(vocab_size)
+    tmp = temp_dir_next_to(out)
+    try:
+        start = time.perf_counter()
+        docs = iter_documents(sources, options)
+        corpus = encode_corpus(docs, tokenizer, tmp / SPOOL, dtype=dtype, sep=separator_id(dtype),
+                               vocab_size=vocab_size, progress=progress)
+        tokenize_seconds = time.perf_counter() - start
+        tokens = np.fromfile(tmp / SPOOL, dtype=dtype)
+        (tmp / SPOOL).unlink()
+        header = {"vocab_size": vocab_size, "fingerprint": tokenizer_fingerprint(tokenizer),
+                  "documents": corpus.documents}
+        if progress:
+            print(f"indexing {tokens.size} tokens", file=sys.stderr)
+        return _finish(tmp, Path(out), tokens, header, params, {"tokenize_seconds": round(tokenize_seconds, 3)})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def merge(first: Path, second: Path, out: Path, *, params: IndexParams | None = None) -> dict:
+    """Merge two datastores built with the same tokenizer into ``out`` (recounting from the streams).
+
+    The result equals a build over the first store's documents followed by
+    the second's. ``params`` default to the first store's. Raises
+    TokenizerMismatchError when the fingerprints or vocabularies differ.
+    """
+    a = open_datastore(first)
+    b = open_datastore(second)
+    if a.fingerprint != b.fingerprint or a.vocab_size != b.vocab_size:
+        raise TokenizerMismatchError(f"cannot merge: {first} and {second} were built with different tokenizers")
+    params = params or IndexParams(**a.manifest["params"])
+    tokens = np.concatenate([a.tokens, b.tokens])
+    header = {"vocab_size": a.vocab_size, "fingerprint": a.fingerprint,
+              "documents": a.manifest["stats"]["documents"] + b.manifest["stats"]["documents"]}
+    del a, b
+    tmp = temp_dir_next_to(out)
+    try:
+        return _finish(tmp, Path(out), tokens, header, params, {"merged_from": 2})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,137 @@
+"""CLI subcommands ``build``, ``inspect``, ``merge``, ``stats`` for ``retrieval-draft``.
+
+``register(subparsers)`` adds them; each sets ``func`` to a function taking
+the parsed arguments and returning an exit code. Errors are raised as
+``RetrievalDraftError`` subclasses for the caller to print on one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from datastore.index import IndexParams
+from datastore.sources import SourceOptions
+from datastore.store import Datastore, open_datastore
+
+
+def _add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--model", help="model directory or .gguf file whose tokenizer to use (default: SmolLM2)")
+    group.add_argument("--tokenizer", help="tokenizer directory (or .gguf file)")
+
+
+def register(subparsers) -> None:
+    """Add the datastore subcommands to an argparse ``subparsers`` object."""
+    defaults = IndexParams()
+    b = subparsers.add_parser("build", help="build a retrieval datastore from text sources")
+    b.add_argument("sources", nargs="+", help="directories, text files, .jsonl or .parquet files")
+    b.add_argument("--out", required=True, type=Path, help="datastore directory to (re)place")
+    _add_tokenizer_args(b)
+    b.add_argument("--glob", action="append", help="file pattern inside directories (repeatable; default '*')")
+    b.add_argument(
+        "--exclude", action="append", help="skip paths with a component matching this pattern (repeatable)"
+    )
+    b.add_argument("--field", default="text", help="JSONL field holding the text (default: text)")
+    b.add_argument("--column", default="text", help="Parquet column holding the text (default: text)")
+    b.add_argument("--max-order", type=int, default=defaults.max_order, help="longest n-gram context")
+    b.add_argument("--top-k", type=int, default=defaults.top_k, help="next tokens kept per context")
+    b.add_argument("--min-count", type=int, default=defaults.min_count, help="drop rarer contexts")
+    b.add_argument("--sort-depth", type=int, default=defaults.sort_depth, help="longest suffix match, tokens")
+    b.add_argument("--trie-depth", type=int, default=defaults.trie_depth, help="longest trie key, tokens")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.set_defaults(func=cmd_build)
+    i = subparsers.add_parser("inspect", help="describe a datastore and show continuations of a query")
+    i.add_argument("path", type=Path)
+    i.add_argument("--query", help="text whose continuations to show (needs the tokenizer)")
+    _add_tokenizer_args(i)
+    i.set_defaults(func=cmd_inspect)
+    s = subparsers.add_parser("stats", help="datastore numbers as JSON")
+    s.add_argument("path", type=Path)
+    s.set_defaults(func=cmd_stats)
+    m = subparsers.add_parser("merge", help="merge two datastores built with the same tokenizer")
+    m.add_argument("first", type=Path)
+    m.add_argument("second", type=Path)
+    m.add_argument("--out", required=True, type=Path)
+    m.set_defaults(func=cmd_merge)
+
+
+def _tokenizer(args):
+    from retrieval_draft.models import load_tokenizer
+
+    return load_tokenizer(args.tokenizer or args.model)
+
+
+def cmd_build(args) -> int:
+    """``build``: tokenise and index the sources into ``--out``."""
+    from datastore.builder import build
+
+    params = IndexParams(max_order=args.max_order, top_k=args.top_k, min_count=args.min_count,
+                         sort_depth=args.sort_depth, trie_depth=args.trie_depth)
+    options = SourceOptions(
+        globs=tuple(args.glob or ["*"]), excludes=tuple(args.exclude or ()), field=args.field, column=args.column
+    )
+    manifest = build(args.sources, args.out, _tokenizer(args), options=options, params=params,
+                     progress=not args.quiet)
+    stats = manifest["stats"]
+    print(f"built {args.out}: {stats['documents']} documents, {stats['tokens']} tokens")
+    return 0
+
+
+def cmd_merge(args) -> int:
+    """``merge``: recount two stores' streams into ``--out``."""
+    from datastore.builder import merge
+
+    stats = merge(args.first, args.second, args.out)["stats"]
+    print(f"merged into {args.out}: {stats['documents']} documents, {stats['tokens']} tokens")
+    return 0
+
+
+def store_numbers(store: Datastore) -> dict:
+    """Token count, contexts, bytes per token per file, parameters and fingerprint of a store."""
+    stats = store.manifest["stats"]
+    tokens = int(stats["tokens"])
+    files = store.manifest["files"]
+    return {
+        "path": str(store.path),
+        "documents": stats["documents"],
+        "tokens": tokens,
+        "contexts_per_order": stats["contexts_per_order"],
+        "trie_keys": stats["trie_keys"],
+        "bytes_per_token": {name: round(f["bytes"] / tokens, 3) for name, f in files.items()},
+        "bytes_per_token_total": round(sum(f["bytes"] for f in files.values()) / tokens, 3),
+        "params": store.params,
+        "storage": store.manifest["storage"],
+        "tokenizer": store.manifest["tokenizer"],
+    }
+
+
+def cmd_stats(args) -> int:
+    """``stats``: the numbers of ``inspect`` as JSON."""
+    print(json.dumps(store_numbers(open_datastore(args.path)), indent=2))
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    """``inspect``: numbers, then (with --query) the top continuations of the query."""
+    from retrieval_draft.drafters.datastore import datastore_drafters
+
+    store = open_datastore(args.path)
+    numbers = store_numbers(store)
+    for key in ("documents", "tokens", "contexts_per_order", "trie_keys", "bytes_per_token_total"):
+        print(f"{key}: {numbers[key]}")
+    print("bytes_per_token: " + ", ".join(f"{k}={v}" for k, v in numbers["bytes_per_token"].items()))
+    print("params: " + ", ".join(f"{k}={v}" for k, v in numbers["params"].items()))
+    print(f"tokenizer: vocab_size={store.vocab_size} fingerprint={store.fingerprint}")
+    if args.query:
+        tokenizer = _tokenizer(args)
+        ids = np.asarray(tokenizer(args.query, add_special_tokens=False)["input_ids"], dtype=np.int64)
+        for drafter in datastore_drafters(args.path, vocab_size=store.vocab_size, tokenizer=tokenizer):
+            print(f"{drafter.name} continuations of {args.query!r}:")
+            for draft in drafter.propose(ids, 8):
+                probs = " ".join(f"{p:.2f}" for p in draft.probs)
+                print(f"  {tokenizer.decode(draft.tokens.tolist())!r}  p=[{probs}]")
+    return 0

@@ -1,0 +1,57 @@
+"""On-disk layout of a datastore directory: file names, version, id storage.
+
+A datastore is one directory::
+
+    manifest.json        format version, tokenizer fingerprint, parameters,
+                         corpus statistics, sha256 and size of every file
+    tokens.arrow         the token stream, column ``token`` (uint16 or uint32);
+                         every document is followed by one separator id
+    suffix_array.arrow   column ``pos`` (uint32): every stream position, sorted
+                         by the first ``sort_depth`` tokens starting there
+    suffix_ranges.arrow  columns ``lo``/``hi`` (uint32): half-open ranges of
+                         the suffix array, one per trie key
+    suffix.trie          datrie ``BaseTrie``: encoded n-gram -> row of
+                         suffix_ranges (see ``datastore.suffix_trie``)
+    ngram.arrow          the Markov table: per context (orders 1..max_order)
+                         the top-K next tokens with counts
+
+Token ids are stored as uint16 when ``vocab_size <= 65535`` and as uint32
+otherwise. The document separator is the largest value of that dtype
+(0xFFFF or 0xFFFFFFFF): it can never be a real id (ids are < vocab_size
+<= the dtype's maximum), and it sorts after every real id.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+
+MANIFEST = "manifest.json"
+TOKENS = "tokens.arrow"
+SUFFIX_ARRAY = "suffix_array.arrow"
+SUFFIX_RANGES = "suffix_ranges.arrow"
+TRIE = "suffix.trie"
+NGRAM = "ngram.arrow"
+DATA_FILES = (TOKENS, SUFFIX_ARRAY, SUFFIX_RANGES, TRIE, NGRAM)
+
+UINT16_MAX_VOCAB = 0xFFFF  # ids 0..65534 plus separator 0xFFFF
+UINT32_MAX_VOCAB = 0xFFFFFFFF
+MAX_STREAM_TOKENS = 2**31 - 2  # positions are int32 in the kernels, uint32 on disk
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """Storage dtype for ids ``0 .. vocab_size - 1`` plus the separator."""
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    if vocab_size <= UINT16_MAX_VOCAB:
+        return np.dtype(np.uint16)
+    if vocab_size <= UINT32_MAX_VOCAB:
+        return np.dtype(np.uint32)
+    raise ValueError(f"vocab_size {vocab_size} does not fit in 32-bit token ids")
+
+
+def separator_id(dtype: np.dtype) -> int:
+    """The document separator: the largest value of the storage dtype."""
+    return int(np.iinfo(np.dtype(dtype)).max)

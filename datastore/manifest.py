@@ -1,0 +1,83 @@
+"""The manifest: what a datastore is, how it was built, and the checksum of every file.
+
+JSON with keys: ``format_version``, ``tokenizer`` (``fingerprint``,
+``vocab_size``), ``storage`` (``dtype``, ``separator_id``, ``trie_key_width``),
+``params`` (build parameters), ``stats`` (documents, tokens, contexts),
+``files`` (name -> {sha256, bytes}) and ``manifest_sha256`` (sha256 of the
+canonical JSON of all other keys, so an edited manifest is detected).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from datastore.atomic import atomic_write_bytes
+from datastore.layout import DATA_FILES, MANIFEST, SUPPORTED_VERSIONS
+from retrieval_draft.errors import CorruptDatastoreError, UnknownFormatVersionError
+
+HASH_CHUNK = 8 << 20
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 hex of a file's bytes, read in 8 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _canonical(body: dict) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def write_manifest(directory: Path, body: dict) -> dict:
+    """Add file checksums and the self checksum to ``body``; write manifest.json atomically."""
+    body = dict(body)
+    body["files"] = {
+        name: {"sha256": file_sha256(directory / name), "bytes": (directory / name).stat().st_size}
+        for name in DATA_FILES
+    }
+    body["manifest_sha256"] = hashlib.sha256(_canonical(body)).hexdigest()
+    atomic_write_bytes(directory / MANIFEST, json.dumps(body, indent=2, sort_keys=True).encode("utf-8"))
+    return body
+
+
+def read_manifest(directory: Path) -> dict:
+    """Parse manifest.json and check its version and self checksum (not the data files)."""
+    path = Path(directory) / MANIFEST
+    if not Path(directory).is_dir():
+        raise CorruptDatastoreError(f"datastore not found: {directory}")
+    try:
+        body = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise CorruptDatastoreError(f"{path}: missing or unreadable manifest") from exc
+    if not isinstance(body, dict):
+        raise CorruptDatastoreError(f"{path}: manifest is not a JSON object")
+    version = body.get("format_version")
+    if version not in SUPPORTED_VERSIONS:
+        raise UnknownFormatVersionError(
+            f"{path}: format version {version!r} is not supported (this code reads {list(SUPPORTED_VERSIONS)})"
+        )
+    claimed = body.pop("manifest_sha256", None)
+    if claimed != hashlib.sha256(_canonical(body)).hexdigest():
+        raise CorruptDatastoreError(f"{path}: manifest checksum mismatch (edited or damaged)")
+    return body
+
+
+def verify_files(directory: Path, manifest: dict) -> None:
+    """Check that every data file exists with the recorded size and sha256."""
+    files = manifest.get("files", {})
+    for name in DATA_FILES:
+        path = Path(directory) / name
+        record = files.get(name)
+        if not isinstance(record, dict):
+            raise CorruptDatastoreError(f"{name}: not listed in the manifest")
+        if not path.is_file():
+            raise CorruptDatastoreError(f"{name}: file missing")
+        if path.stat().st_size != record.get("bytes"):
+            raise CorruptDatastoreError(f"{name}: size {path.stat().st_size} != {record.get('bytes')} (truncated?)")
+        if file_sha256(path) != record.get("sha256"):
+            raise CorruptDatastoreError(f"{name}: sha256 mismatch (corrupt file)")

