@@ -1,83 +1,79 @@
 """Turning drafters' guesses into measured acceptance probabilities.
 
-Drafters score their tokens with heuristics (match length, counts). The
-engine sees, every step, which tested draft nodes the model accepted; the
-``AcceptanceCalibrator`` keeps, per bucket of raw conditional probability,
-a decayed count of hits and trials, and maps a raw guess to the observed
-rate. Decay lets it follow a drifting workload and, by sliding back toward
-the prior, makes it test drafts again after a bad stretch.
+Drafters score their tokens with heuristics (match length, counts). After
+every step the engine knows what the model actually produced (accepted
+tokens plus the bonus token), so it can grade every draft token it was
+offered, including the ones the planner pruned: a token is *tested* when all
+tokens before it in its draft were right, and *right* when it equals the
+model's token at that depth. The ``AcceptanceCalibrator`` keeps decayed
+counts of right and tested per cell (depth band x bucket of the drafter's
+raw conditional probability) and maps a raw guess to the observed rate.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.tree import DraftTree
+DEPTH_BANDS = np.array([0, 1, 2, 4, 8])  # band b holds depths in [DEPTH_BANDS[b], DEPTH_BANDS[b + 1])
 
 
 class AcceptanceCalibrator:
-    """Raw conditional probability -> observed acceptance rate.
+    """Raw conditional probability (and depth) -> observed acceptance rate, for one drafter.
+
+    Estimates shrink in two stages: a cell (depth band, bucket) leans on its
+    bucket's rate pooled over all depths, and that pooled rate leans on a
+    sceptical prior, ``prior_scale`` times the bucket's raw value. Drafts are
+    graded even when the planner prunes them, so scepticism costs no learning.
 
     Args:
-        buckets: equal-width bins over [0, 1].
-        prior_weight: pseudo-trials at the bucket's own raw value.
-        decay: factor applied to all counts at every update (per step).
+        buckets: equal-width bins of the raw probability over [0, 1].
+        prior_weight: pseudo-trials behind each stage's prior.
+        prior_scale: the prior believes raw guesses are this many times too high, inverted.
+        decay: factor applied to all counts at every update (one per step).
     """
 
-    def __init__(self, buckets: int = 10, prior_weight: float = 4.0, decay: float = 0.99) -> None:
+    def __init__(
+        self, buckets: int = 10, prior_weight: float = 4.0, prior_scale: float = 0.5, decay: float = 0.995
+    ) -> None:
         self.edges = np.linspace(0.0, 1.0, buckets + 1)
         self.centers = (self.edges[:-1] + self.edges[1:]) / 2
         self.prior_weight = prior_weight
+        self.prior_scale = prior_scale
         self.decay = decay
-        self.hits = np.zeros(buckets)
-        self.trials = np.zeros(buckets)
+        self.hits = np.zeros((DEPTH_BANDS.shape[0], buckets))
+        self.trials = np.zeros((DEPTH_BANDS.shape[0], buckets))
 
-    def _bucket(self, raw: np.ndarray) -> np.ndarray:
-        return np.clip(np.searchsorted(self.edges, raw, side="right") - 1, 0, self.centers.shape[0] - 1)
+    def _cells(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(depth band, bucket) of each entry of a draft's conditional probabilities ``raw``."""
+        bucket = np.clip(np.searchsorted(self.edges, raw, side="right") - 1, 0, self.centers.shape[0] - 1)
+        band = np.searchsorted(DEPTH_BANDS, np.arange(raw.shape[0]), side="right") - 1
+        return band, bucket
 
     def rates(self, raw: np.ndarray) -> np.ndarray:
-        """Calibrated probabilities, same shape as ``raw`` (values in [0, 1])."""
-        b = self._bucket(raw)
-        prior = self.prior_weight
-        return (self.hits[b] + prior * self.centers[b]) / (self.trials[b] + prior)
+        """Calibrated conditional probabilities of one draft's tokens; ``raw`` shape (n,)."""
+        band, bucket = self._cells(raw)
+        w = self.prior_weight
+        pooled = (self.hits.sum(0) + w * self.prior_scale * self.centers) / (self.trials.sum(0) + w)
+        return (self.hits[band, bucket] + w * pooled[bucket]) / (self.trials[band, bucket] + w)
 
-    def update(self, raw: np.ndarray, accepted: np.ndarray) -> None:
-        """Record outcomes: ``raw`` shape (k,) guesses, ``accepted`` shape (k,) bool."""
+    def decay_counts(self) -> None:
+        """Age every count once (call once per step)."""
         self.hits *= self.decay
         self.trials *= self.decay
-        b = self._bucket(raw)
-        np.add.at(self.trials, b, 1.0)
-        np.add.at(self.hits, b, accepted.astype(np.float64))
 
-    def path_probs(self, tree: DraftTree) -> np.ndarray:
-        """Calibrated probability that each node is accepted, shape (n,) (root 1.0).
+    def grade(self, raw: np.ndarray, draft_tokens: np.ndarray, truth: np.ndarray, skip: int = 0) -> None:
+        """Record one draft's outcome against the model's tokens ``truth`` (shape (t,)).
 
-        The product of calibrated conditionals along the path, so a child never
-        exceeds its parent.
+        ``raw``: shape (n,), the draft's conditional probabilities; the first
+        wrong token is the last one tested. The first ``skip`` tokens are left
+        out (another draft of the same drafter already graded that prefix).
         """
-        conditional = self.rates(conditional_probs(tree))
-        conditional[0] = 1.0
-        path = conditional.copy()
-        for depth in range(1, int(tree.depths.max(initial=0)) + 1):
-            level = tree.depths == depth
-            path[level] = conditional[level] * path[tree.parents[level]]
-        return path
-
-    def observe(self, tree: DraftTree, accepted: np.ndarray) -> None:
-        """Learn from one verification: the nodes tested were the children of the root
-        and of every accepted node; ``accepted`` holds the accepted node indices."""
-        reached = np.zeros(tree.size, dtype=bool)
-        reached[0] = True
-        reached[accepted] = True
-        tested = np.flatnonzero(reached[np.maximum(tree.parents, 0)])
-        tested = tested[tested > 0]
-        if tested.size:
-            self.update(conditional_probs(tree)[tested], np.isin(tested, accepted))
-
-
-def conditional_probs(tree: DraftTree) -> np.ndarray:
-    """Each node's raw probability divided by its parent's, shape (n,) (root 1.0)."""
-    parent_probs = tree.probs[np.maximum(tree.parents, 0)]
-    conditional = np.divide(tree.probs, parent_probs, out=np.ones_like(tree.probs), where=parent_probs > 0)
-    conditional[0] = 1.0
-    return np.clip(conditional, 0.0, 1.0)
+        n = min(draft_tokens.shape[0], truth.shape[0])
+        wrong = np.flatnonzero(draft_tokens[:n] != truth[:n])
+        tested = int(wrong[0]) + 1 if wrong.size else n
+        right = tested - 1 if wrong.size else tested
+        if tested <= skip:
+            return
+        band, bucket = self._cells(raw[:tested])
+        np.add.at(self.trials, (band[skip:], bucket[skip:]), 1.0)
+        np.add.at(self.hits, (band[skip:right], bucket[skip:right]), 1.0)

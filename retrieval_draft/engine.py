@@ -16,9 +16,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.model_adapter import TreeModel
-from retrieval_draft.planner import TreePlanner
+from retrieval_draft.planner import SourcedDrafts, TreePlanner
 from retrieval_draft.tree import build_tree
 from retrieval_draft.verify import LogitsProcessor, Verdict, verify_greedy, verify_sampling
 
@@ -39,7 +39,7 @@ class DecodeOptions:
     max_new_tokens: int
     eos_ids: frozenset[int] = frozenset()
     tree_budget: int = 12
-    max_draft_len: int = 8
+    max_draft_len: int = 16
     do_sample: bool = False
 
 
@@ -122,15 +122,16 @@ def speculative_decode(
     while not done:
         remaining = length + options.max_new_tokens - emitted
         tick = time.perf_counter()
-        tree = planner.plan(int(context[emitted - 1]), _drafts(drafters, context[:emitted], remaining, options))
+        drafts = _drafts(drafters, context[:emitted], remaining, options)
+        tree = planner.plan(int(context[emitted - 1]), drafts)
         tock = time.perf_counter()
         logits = model.score_tree(tree)
         verdict = _verify(tree, logits, context[:emitted], options, processor, generator)
         model.keep(np.concatenate([[0], verdict.accepted]))
-        planner.observe(tree, verdict.accepted, tock - tick)
+        new = np.append(tree.tokens[verdict.accepted], verdict.bonus)
+        planner.observe(drafts, new, tock - tick)
         stats.draft_s += tock - tick
         stats.verify_s += time.perf_counter() - tock
-        new = np.append(tree.tokens[verdict.accepted], verdict.bonus)
         stats.steps += 1
         stats.tree_nodes += tree.size
         before = emitted
@@ -143,14 +144,13 @@ def speculative_decode(
     return output, stats
 
 
-def _drafts(drafters: Sequence[Drafter], context: np.ndarray, remaining: int, options: DecodeOptions) -> list[Draft]:
-    """Every drafter's proposals for the context, no longer than the tokens left allow."""
+def _drafts(drafters: Sequence[Drafter], context: np.ndarray, remaining: int, options: DecodeOptions) -> SourcedDrafts:
+    """Every drafter's proposals for the context, no longer than the tokens left allow,
+    each tagged with its drafter's name."""
     max_len = min(options.max_draft_len, remaining - 1)
-    drafts: list[Draft] = []
-    if max_len > 0:
-        for drafter in drafters:
-            drafts.extend(drafter.propose(context, max_len))
-    return drafts
+    if max_len <= 0 or options.tree_budget == 0:
+        return []
+    return [(drafter.name, draft) for drafter in drafters for draft in drafter.propose(context, max_len)]
 
 
 def _verify(tree, logits, context, options, processor, generator) -> Verdict:

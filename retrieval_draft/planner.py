@@ -1,10 +1,13 @@
-"""Choosing each step's token tree: merge the drafts, estimate, size by cost.
+"""Choosing each step's token tree: calibrate the drafts, merge them, size by cost.
 
-With a measured cost curve the planner keeps the nodes most likely to be
-accepted and stops adding nodes where one more would lower the expected
-accepted tokens per second; when drafts keep failing the estimates fall and
-the tree shrinks to the lone root, which is plain decoding. Without a cost
-curve it keeps a fixed number of nodes.
+Each drafter's guesses are first mapped to observed acceptance rates (one
+calibrator per drafter, graded every step against what the model produced),
+so a noisy drafter's many branches cost little and a reliable one's long
+chains are kept. With a measured cost curve the planner keeps the nodes most
+likely to be accepted and stops where one more node would lower the expected
+accepted tokens per second; when drafts keep failing the tree shrinks to the
+lone root, which is plain decoding. Without a cost curve it keeps a fixed
+number of nodes.
 """
 
 from __future__ import annotations
@@ -16,47 +19,80 @@ from retrieval_draft.cost import VerifyCost
 from retrieval_draft.drafters.base import Draft
 from retrieval_draft.tree import DraftTree, merge_drafts
 
+SourcedDrafts = list[tuple[str, Draft]]  # (drafter name, draft)
+
 
 class TreePlanner:
-    """Builds one tree per step and learns from each verification.
+    """Builds one tree per step and learns from each step's outcome.
 
     Args:
         max_nodes: most draft nodes in a tree (root excluded).
         cost: forward time by tree size; None means always ``max_nodes``.
-        calibrator: maps drafters' guesses to observed acceptance rates.
         overhead_decay: smoothing of the measured per-step drafting time.
     """
 
-    def __init__(
-        self,
-        max_nodes: int = 32,
-        cost: VerifyCost | None = None,
-        calibrator: AcceptanceCalibrator | None = None,
-        overhead_decay: float = 0.9,
-    ) -> None:
+    def __init__(self, max_nodes: int = 32, cost: VerifyCost | None = None, overhead_decay: float = 0.9) -> None:
         if max_nodes < 0:
             raise ValueError("max_nodes must be >= 0")
         self.max_nodes = max_nodes
         self.cost = cost
-        self.calibrator = calibrator if calibrator is not None else AcceptanceCalibrator()
+        self.calibrators: dict[str, AcceptanceCalibrator] = {}
         self.overhead_decay = overhead_decay
         self.overhead_s = 0.0
 
-    def plan(self, root_token: int, drafts: list[Draft]) -> DraftTree:
-        """The tree to verify this step, rooted at the pending token."""
-        full = merge_drafts(root_token, drafts)
-        if full.size == 1 or self.max_nodes == 0:
-            return full.top(0, full.probs)
-        scores = self.calibrator.path_probs(full)
-        budget = self.max_nodes
-        if self.cost is not None:
-            ranked = np.sort(scores[1:])[::-1][: self.max_nodes]
-            budget = self.cost.best_size(ranked, self.overhead_s)
-        return full.top(budget, scores)
+    def calibrator(self, source: str) -> AcceptanceCalibrator:
+        """The calibrator of one drafter (created on first use)."""
+        if source not in self.calibrators:
+            self.calibrators[source] = AcceptanceCalibrator()
+        return self.calibrators[source]
 
-    def observe(self, tree: DraftTree, accepted: np.ndarray, draft_seconds: float) -> None:
-        """Learn from one step: which nodes were accepted and how long drafting took."""
-        if tree.size > 1:
-            self.calibrator.observe(tree, accepted)
+    def plan(self, root_token: int, drafts: SourcedDrafts) -> DraftTree:
+        """The tree to verify this step, rooted at the pending token."""
+        calibrated = [
+            Draft(d.tokens, np.clip(self.calibrator(source).rates(d.probs), 1e-6, 1.0))
+            for source, d in drafts
+            if len(d)
+        ]
+        full = cap_siblings(merge_drafts(root_token, calibrated))
+        budget = min(self.max_nodes, full.size - 1)
+        if self.cost is not None and budget > 0:
+            ranked = np.sort(full.probs[1:])[::-1][:budget]
+            budget = self.cost.best_size(ranked, self.overhead_s)
+        return full.top(budget, full.probs)
+
+    def observe(self, drafts: SourcedDrafts, truth: np.ndarray, draft_seconds: float) -> None:
+        """Grade every offered draft against ``truth``, the tokens the model produced
+        this step (accepted + bonus, shape (t,)); track drafting time."""
+        for calibrator in self.calibrators.values():
+            calibrator.decay_counts()
+        graded: set[tuple] = set()  # (source, prefix) pairs already graded this step
+        for source, draft in drafts:
+            tokens = draft.tokens.tolist()
+            skip = 0
+            while skip < len(tokens) and (source, *tokens[: skip + 1]) in graded:
+                skip += 1
+            graded.update((source, *tokens[: i + 1]) for i in range(skip, len(tokens)))
+            self.calibrator(source).grade(draft.probs, draft.tokens, truth, skip)
         d = self.overhead_decay
         self.overhead_s = d * self.overhead_s + (1 - d) * draft_seconds
+
+
+def cap_siblings(tree: DraftTree) -> DraftTree:
+    """Scale children so that, under each node, their conditional probabilities sum to at most 1.
+
+    Only one child of a node can be the model's next token, however many
+    drafters vouch for their own; path probabilities are rebuilt top-down.
+    """
+    if tree.size == 1:
+        return tree
+    parents = np.maximum(tree.parents, 0)
+    conditional = np.divide(tree.probs, tree.probs[parents], out=np.zeros_like(tree.probs), where=tree.probs[parents] > 0)
+    conditional[0] = 0.0
+    totals = np.zeros(tree.size)
+    np.add.at(totals, parents[1:], conditional[1:])
+    conditional /= np.maximum(totals[parents], 1.0)
+    probs = np.ones(tree.size)
+    for depth in range(1, int(tree.depths.max()) + 1):
+        level = tree.depths == depth
+        probs[level] = conditional[level] * probs[parents[level]]
+    return DraftTree(tree.tokens, tree.parents, tree.depths, probs)

@@ -107,13 +107,14 @@ def build_tree(root_token: int, drafts: list[Draft], budget: int) -> DraftTree:
 def merge_drafts(root_token: int, drafts: list[Draft]) -> DraftTree:
     """Merge drafts into one trie under ``root_token``, unpruned.
 
-    A node proposed by several drafts gets probability 1 - prod(1 - p_i) over
-    their path probabilities p_i (independent evidence), which keeps every
+    A node proposed by several drafts gets the largest of their path
+    probabilities (drafts sharing a prefix are rarely independent evidence:
+    a drafter's own branches share theirs by construction), which keeps every
     child at or below its parent.
     """
     index: dict[tuple[int, int], int] = {}
     tokens, parents, depths = [int(root_token)], [-1], [0]
-    miss = [0.0]  # running product of (1 - p_i) per node; prob = 1 - miss
+    best = [1.0]  # largest path probability seen per node
     for draft in drafts:
         node, path_prob = 0, 1.0
         for token, prob in zip(draft.tokens.tolist(), draft.probs.tolist()):
@@ -125,13 +126,9 @@ def merge_drafts(root_token: int, drafts: list[Draft]) -> DraftTree:
                 tokens.append(token)
                 parents.append(node)
                 depths.append(depths[node] + 1)
-                miss.append(1.0)
-            miss[child] *= 1.0 - path_prob
+                best.append(0.0)
+            best[child] = max(best[child], path_prob)
             node = child
-    probs = 1.0 - np.asarray(miss)
-    probs[0] = 1.0
+    probs = np.asarray(best, dtype=np.float64)
     parents_arr, depths_arr = np.asarray(parents, dtype=np.int64), np.asarray(depths, dtype=np.int64)
-    for depth in range(1, int(depths_arr.max()) + 1):  # rounding must not lift a child over its parent
-        level = depths_arr == depth
-        probs[level] = np.minimum(probs[level], probs[parents_arr[level]])
     return DraftTree(np.asarray(tokens, dtype=np.int64), parents_arr, depths_arr, probs)

@@ -1,6 +1,7 @@
 """Cost-aware tree sizing, acceptance calibration and learning from outputs."""
 
 import numpy as np
+import pytest
 import torch
 
 import retrieval_draft
@@ -35,28 +36,49 @@ def test_a_flat_gpu_like_curve_takes_more_nodes_than_a_steep_one():
 
 def test_calibrator_moves_toward_the_observed_rate():
     calibrator = AcceptanceCalibrator(decay=1.0)
-    raw = np.full(200, 0.85)
-    calibrator.update(raw, np.zeros(200, dtype=bool))
-    assert calibrator.rates(np.array([0.85]))[0] < 0.05
-    calibrator.update(raw, np.ones(200, dtype=bool))
-    assert 0.4 < calibrator.rates(np.array([0.85]))[0] < 0.6
+    raw = np.array([0.85])
+    for _ in range(200):
+        calibrator.grade(raw, np.array([5]), np.array([6]))  # always wrong
+    assert calibrator.rates(raw)[0] < 0.05
+    for _ in range(200):
+        calibrator.grade(raw, np.array([5]), np.array([5]))  # always right
+    assert 0.4 < calibrator.rates(raw)[0] < 0.6
 
 
-def test_calibrated_path_probabilities_never_rise_down_the_tree():
+def test_only_tokens_after_a_right_prefix_are_graded():
+    calibrator = AcceptanceCalibrator(decay=1.0)
+    calibrator.grade(np.full(4, 0.5), np.array([1, 2, 3, 4]), np.array([1, 9, 3, 4]))
+    assert calibrator.trials.sum() == 2  # depth 0 right, depth 1 wrong, deeper never tested
+    assert calibrator.hits.sum() == 1
+
+
+def test_planned_tree_probabilities_never_rise_down_the_tree():
     planner = TreePlanner(max_nodes=16)
-    tree = planner.plan(0, [chain([1, 2, 3], [0.5, 0.9, 0.9]), chain([4, 5], [0.3, 0.95])])
-    path = planner.calibrator.path_probs(tree)
-    assert np.all(path[1:] <= path[tree.parents[1:]] + 1e-12)
+    drafts = [("a", chain([1, 2, 3], [0.5, 0.9, 0.9])), ("b", chain([4, 5], [0.3, 0.95]))]
+    tree = planner.plan(0, drafts)
+    assert tree.size == 6
+    assert np.all(tree.probs[1:] <= tree.probs[tree.parents[1:]] + 1e-12)
 
 
 def test_planner_shrinks_to_plain_decoding_when_drafts_keep_failing():
     planner = TreePlanner(max_nodes=16, cost=CPU_CURVE)
-    drafts = [chain([1, 2, 3, 4], [0.8, 0.85, 0.85, 0.85])]
+    drafts = [("lookup", chain([1, 2, 3, 4], [0.8, 0.85, 0.85, 0.85]))]
     assert planner.plan(0, drafts).size > 1
     for _ in range(60):
-        tree = planner.plan(0, drafts)
-        planner.observe(tree, np.empty(0, dtype=np.int64), 0.0)
+        planner.plan(0, drafts)
+        planner.observe(drafts, np.array([7]), 0.0)
     assert planner.plan(0, drafts).size == 1
+
+
+def test_a_reliable_drafter_wins_the_budget_from_a_confident_but_wrong_one():
+    planner = TreePlanner(max_nodes=2)
+    wrong = ("loud", chain([1, 2], [0.95, 0.95]))
+    right = ("quiet", chain([5, 6], [0.3, 0.3]))
+    assert planner.plan(0, [wrong, right]).tokens[1:].tolist() == [1, 2]
+    for _ in range(40):  # the pruned drafter is graded too, so it can win
+        planner.plan(0, [wrong, right])
+        planner.observe([wrong, right], np.array([5, 6, 8]), 0.0)
+    assert planner.plan(0, [wrong, right]).tokens[1:].tolist() == [5, 6]
 
 
 def test_measured_cost_grows_with_tree_size(tiny_llama):
@@ -97,3 +119,24 @@ def test_a_repeated_task_gets_faster_with_output_history(tiny_llama):
         assert torch.equal(out, expected)
         runs.append(stats.mean_accepted)
     assert runs[1] > 2 * runs[0]
+
+
+def test_a_prefix_shared_by_one_drafters_branches_is_graded_once():
+    planner = TreePlanner(max_nodes=8)
+    drafts = [("ngram", chain([1, 2], [0.5, 0.5])), ("ngram", chain([1, 3], [0.5, 0.5]))]
+    planner.plan(0, drafts)
+    planner.observe(drafts, np.array([1, 3, 4]), 0.0)
+    calibrator = planner.calibrators["ngram"]
+    assert calibrator.trials.sum() == 3  # token 1 once, then 2 (wrong) and 3 (right)
+    assert calibrator.hits.sum() == 2
+
+
+def test_siblings_conditional_probabilities_are_capped_at_one():
+    from retrieval_draft.planner import cap_siblings
+    from retrieval_draft.tree import merge_drafts
+
+    tree = cap_siblings(merge_drafts(0, [chain([1, 2], [0.9, 0.5]), chain([3], [0.9]), chain([4], [0.2])]))
+    first_level = tree.probs[tree.parents == 0]
+    assert first_level.sum() == pytest.approx(1.0)
+    node_1, node_2 = 1, 2
+    assert tree.probs[node_2] == pytest.approx(tree.probs[node_1] * 0.5)

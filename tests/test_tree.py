@@ -19,9 +19,10 @@ def test_drafts_sharing_a_prefix_share_its_nodes():
     assert tree.depths.tolist() == [0, 1, 2, 3, 3]
 
 
-def test_shared_node_probability_combines_both_drafts():
-    tree = build_tree(0, [draft([5], [0.5]), draft([5], [0.5])], budget=4)
-    assert tree.probs[1] == pytest.approx(0.75)
+def test_shared_node_takes_the_best_drafts_probability():
+    tree = build_tree(0, [draft([5, 6], [0.5, 0.5]), draft([5], [0.7])], budget=4)
+    assert tree.probs[1] == pytest.approx(0.7)
+    assert tree.probs[2] == pytest.approx(0.25)
 
 
 def test_pruning_keeps_the_most_probable_nodes_and_their_ancestors():
