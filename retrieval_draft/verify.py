@@ -97,31 +97,34 @@ def verify_sampling(
 ) -> Verdict:
     """Multi-draft speculative sampling down the tree; the output follows the model exactly.
 
-    At each node the children are deterministic drafts (q one-hot), tried in
-    order: accept child c with probability p(c); on rejection set p(c) = 0
-    and renormalise (the residual max(p - q, 0) normalised), then try the
-    next sibling. When all are rejected, draw the bonus from the residual.
-    ``p`` is softmax of the processed scores, as in HF sampling.
+    The law is the multi-draft rule for deterministic drafts (q one-hot):
+    at a node with model distribution p, try the children in turn, accept
+    child c with probability min(1, p'(c) / q(c)) = p'(c), where p' is the
+    residual left by the children already rejected (p with their mass
+    removed, renormalised), and when every child is rejected draw the bonus
+    token from the final residual. ``p`` is softmax of the processed scores,
+    as in HF sampling.
+
+    It is realised with one Gumbel-max draw per emitted token: x =
+    argmax(log p + G) with G from ``generator``; child c is accepted iff x == c,
+    else x is the bonus. Given that the children tried so far lost, x == c has
+    probability exactly p'(c), and x given that all lost is distributed as the
+    final residual, so this is the rule above, coupled. Each emitted token
+    consumes the same randomness whatever the tree looks like, so a seed
+    fixes the output even though tree sizes follow measured timings.
     """
-    children = tree.children()
+    kids = _child_lookup(tree)
     node, accepted = 0, []
+    tiny = torch.finfo(torch.float32).tiny
     while True:
-        probs = torch.softmax(node_scores(tree, logits, node, processor, prefix), dim=-1)
-        next_node = None
-        for child in children[node]:
-            token = int(tree.tokens[child])
-            p_token = float(probs[token])
-            if p_token > 0 and float(torch.rand((), generator=generator)) < p_token:
-                next_node = child
-                break
-            if p_token > 0:
-                probs[token] = 0.0
-                probs = probs / probs.sum()
-        if next_node is None:
-            bonus = int(torch.multinomial(probs, 1, generator=generator))
-            return Verdict(np.asarray(accepted, dtype=np.int64), bonus)
-        accepted.append(next_node)
-        node = next_node
+        log_p = torch.log_softmax(node_scores(tree, logits, node, processor, prefix), dim=-1)
+        uniform = torch.rand(log_p.shape, generator=generator).clamp_(tiny, 1.0 - 1e-7)
+        choice = int(torch.argmax(log_p - torch.log(-torch.log(uniform))))
+        child = kids.get((node, choice))
+        if child is None:
+            return Verdict(np.asarray(accepted, dtype=np.int64), choice)
+        accepted.append(child)
+        node = child
 
 
 def _child_lookup(tree: DraftTree) -> dict[tuple[int, int], int]:

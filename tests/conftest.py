@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+from retrieval_draft.drafters.base import Draft, Drafter
 
 TINY_VOCAB = 320
 
@@ -45,3 +48,18 @@ def random_prompt(seed: int, length: int = 24, vocab_size: int = TINY_VOCAB, rep
     generator = torch.Generator().manual_seed(seed)
     block = torch.randint(3, vocab_size, (length,), generator=generator)
     return block.repeat(repeat).unsqueeze(0)
+
+
+class RandomDrafter(Drafter):
+    """Random branches of random ids in [3, TINY_VOCAB): almost never what the model picks."""
+
+    name = "random"
+
+    def __init__(self, seed: int, branches: int = 3) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.branches = branches
+
+    def propose(self, context, max_len):
+        return [
+            Draft(self.rng.integers(3, TINY_VOCAB, size=max_len), np.full(max_len, 0.5)) for _ in range(self.branches)
+        ]

@@ -10,22 +10,7 @@ from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.engine import DecodeOptions, speculative_decode
 from retrieval_draft.model_adapter import TreeModel
-from tests.conftest import TINY_VOCAB, make_tiny_llama, random_prompt
-
-
-class RandomDrafter(Drafter):
-    """Random chains and branches: almost never what the model picks."""
-
-    name = "random"
-
-    def __init__(self, seed: int, branches: int = 3) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.branches = branches
-
-    def propose(self, context, max_len):
-        return [
-            Draft(self.rng.integers(3, TINY_VOCAB, size=max_len), np.full(max_len, 0.5)) for _ in range(self.branches)
-        ]
+from tests.conftest import TINY_VOCAB, RandomDrafter, make_tiny_llama, random_prompt
 
 
 class MixedDrafter(Drafter):
@@ -82,7 +67,7 @@ def test_random_drafts_are_rejected_and_output_is_unchanged(tiny_llama):
     prompt = random_prompt(101)
     expected = hf_greedy(tiny_llama, prompt, 30)
     stats = retrieval_draft.DecodeStats()
-    got = ours(tiny_llama, prompt, 30, [RandomDrafter(0)], draft_stats=stats)
+    got = ours(tiny_llama, prompt, 30, [RandomDrafter(0)], draft_stats=stats, adaptive_tree=False, tree_budget=12)
     assert torch.equal(got, expected)
     assert stats.mean_accepted < 1.2
     assert stats.tree_nodes > stats.steps * 5  # trees really were drafted and scored

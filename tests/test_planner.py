@@ -7,7 +7,7 @@ import torch
 import retrieval_draft
 from retrieval_draft.calibration import AcceptanceCalibrator
 from retrieval_draft.cost import VerifyCost, measure_cost
-from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.drafters.base import Draft
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.planner import TreePlanner
 from tests.conftest import random_prompt

@@ -10,20 +10,7 @@ import retrieval_draft
 from retrieval_draft.drafters.base import Draft, Drafter
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
-from tests.conftest import TINY_VOCAB, make_tiny_llama, random_prompt
-
-
-class RandomDrafter(Drafter):
-    """Random branches: the model almost never samples what they propose."""
-
-    name = "random"
-
-    def __init__(self, seed: int, branches: int = 3) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.branches = branches
-
-    def propose(self, context, max_len):
-        return [Draft(self.rng.integers(3, TINY_VOCAB, size=max_len), np.full(max_len, 0.5)) for _ in range(self.branches)]
+from tests.conftest import TINY_VOCAB, RandomDrafter, make_tiny_llama, random_prompt
 
 
 class GreedyDrafter(Drafter):
@@ -38,15 +25,6 @@ class GreedyDrafter(Drafter):
         ids = torch.from_numpy(context.copy())[None]
         out = self.model.generate(ids, max_new_tokens=max_len, do_sample=False, eos_token_id=[])
         return [Draft(out[0, ids.shape[1] :].numpy(), np.full(max_len, 0.9))]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: intra-op threads only add synchronisation, which is costly on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +177,14 @@ def test_global_torch_seed_makes_unseeded_sampling_reproducible(tiny_llama):
             tiny_llama.generate(prompt, max_new_tokens=12, do_sample=True, custom_generate=retrieval_draft.generate)
         )
     assert torch.equal(runs[0], runs[1])
+
+
+def test_a_seed_fixes_the_output_whatever_the_tree_looks_like(tiny_llama):
+    prompt = random_prompt(321, repeat=3)
+    reference = sample(tiny_llama, prompt, 24, seed=7, drafters=[], tree_budget=0)
+    for drafters, kwargs in (
+        ([PromptLookupDrafter()], {"adaptive_tree": False, "tree_budget": 4}),
+        ([PromptLookupDrafter(), RandomDrafter(3)], {"adaptive_tree": False, "tree_budget": 32}),
+        ([PromptLookupDrafter()], {}),
+    ):
+        assert torch.equal(sample(tiny_llama, prompt, 24, seed=7, drafters=drafters, **kwargs), reference)
