@@ -42,7 +42,10 @@ def test_plugin_equals_hf_greedy_on_smollm2(session, prompt, chat):
 def test_grounded_prompt_accepts_several_tokens_per_step(session):
     ids = session.encode(GenerationRequest(prompt=EDIT, chat=True))
     stats = retrieval_draft.DecodeStats()
-    session.model.generate(ids, max_new_tokens=48, custom_generate=retrieval_draft.generate, draft_stats=stats)
+    session.model.generate(
+        ids, max_new_tokens=48, custom_generate=retrieval_draft.generate, draft_stats=stats,
+        adaptive_tree=False, tree_budget=16,
+    )
     assert stats.mean_accepted > 1.5
 
 
