@@ -82,10 +82,13 @@ class TreeModel:
         Afterwards the cache holds ``past_len + n`` rows until ``keep`` trims it.
         """
         positions = tree.depths + self.past_len
+        # A lone root sees the whole cache: the model's own single-token path
+        # (no explicit mask) is what plain decoding runs, and it is faster.
+        lone = tree.size == 1 and "sliding_attention" not in self._layer_types
         out = self.model(
             input_ids=torch.from_numpy(tree.tokens).unsqueeze(0).to(self.device),
             position_ids=torch.from_numpy(positions).unsqueeze(0).to(self.device),
-            attention_mask=self._mask(positions, tree.ancestor_mask(), self.past_len),
+            attention_mask=None if lone else self._mask(positions, tree.ancestor_mask(), self.past_len),
             past_key_values=self.cache,
             use_cache=True,
         )
