@@ -10,7 +10,7 @@ keeps only the accepted KV rows.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -54,7 +54,6 @@ class DecodeStats:
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
-    accepted_by_drafter: dict[str, int] = field(default_factory=dict)
 
     @property
     def decode_s(self) -> float:
