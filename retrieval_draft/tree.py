@@ -2,9 +2,8 @@
 
 Node 0 is the root: the pending token, already chosen and emitted, whose KV
 row is not yet in the cache. Every other node is a draft token. Nodes are in
-topological order (a parent's index is below its children's), and the
-children of a node are ordered by decreasing estimated probability, which is
-the order in which verification tries them.
+topological order (a parent's index is below its children's); ``children``
+lists each node's children by decreasing estimated probability.
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ class DraftTree:
         return int(self.tokens.shape[0])
 
     def children(self) -> list[list[int]]:
-        """Child indices of every node, in verification order (decreasing prob)."""
+        """Child indices of every node, by decreasing estimated probability."""
         kids: list[list[int]] = [[] for _ in range(self.size)]
         for child in np.argsort(-self.probs[1:], kind="stable") + 1:
             kids[int(self.parents[child])].append(int(child))
