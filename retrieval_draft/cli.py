@@ -85,7 +85,7 @@ def run_generate(args: argparse.Namespace) -> int:
     session = load_session(args.model, args.datastore)
     print(f"loaded model in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     if not args.compare:
-        text, stats = session.generate(request, stream=sys.stdout)
+        text, stats = session.generate(request, stream=True)
         print()
         print(_stats_line(stats.as_dict()), file=sys.stderr)
         return 0

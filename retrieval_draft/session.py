@@ -117,13 +117,13 @@ class Session:
             self.model(input_ids, logits_to_keep=1)
             return time.perf_counter() - started
 
-    def generate(self, request: GenerationRequest, stream=None) -> tuple[str, DecodeStats]:
-        """Generate text; with ``stream`` (a file), print tokens as they come."""
+    def generate(self, request: GenerationRequest, stream: bool = False) -> tuple[str, DecodeStats]:
+        """Generate text; with ``stream``, print it to stdout as it comes."""
         from transformers import TextStreamer
 
         input_ids = self.encode(request)
         streamer = None
-        if stream is not None:
+        if stream:
             streamer = TextStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
         out, stats, _ = self.generate_ids(input_ids, request, streamer)
         return self.decode_new(input_ids, out), stats
