@@ -77,12 +77,14 @@ def longest_context_row(offsets, context, history, hlen) -> int:
 
 
 @njit(cache=True)
-def ngram_drafts(query, offsets, context, nxt, cnt, tot, widths, out_tok, out_prob, out_len) -> int:
+def ngram_drafts(query, offsets, context, nxt, cnt, tot, widths, pseudo, out_tok, out_prob, out_len) -> int:
     """Expand the Markov table into a tree of paths; each leaf path is one draft.
 
     ``query``: last max_order context ids. ``widths[d]``: children kept at depth d
-    (len(widths) = max draft length). Probabilities are count / total of the
-    matched context. Paths end where no context matches.
+    (len(widths) = max draft length). Probabilities are count / (total +
+    ``pseudo``) of the matched context: ``pseudo`` unseen observations shrink
+    estimates backed by few counts (a context seen once does not promise 1.0).
+    Paths end where no context matches.
     """
     max_order = offsets.size - 2
     max_len = widths.size
@@ -118,14 +120,14 @@ def ngram_drafts(query, offsets, context, nxt, cnt, tot, widths, out_tok, out_pr
                     out_tok[target, :depth] = out_tok[p, :depth]
                     out_prob[target, :depth] = out_prob[p, :depth]
                 out_tok[target, depth] = nxt[row, c]
-                out_prob[target, depth] = cnt[row, c] / tot[row]
+                out_prob[target, depth] = cnt[row, c] / (tot[row] + pseudo)
                 out_len[target] = depth + 1
                 kids += 1
     return n_paths if out_len[0] > 0 else 0
 
 
 @njit(cache=True)
-def suffix_drafts(tokens, sa, lo, hi, m, sep, samples, branches, out_tok, out_prob, out_len) -> int:
+def suffix_drafts(tokens, sa, lo, hi, m, sep, samples, branches, pseudo, out_tok, out_prob, out_len) -> int:
     """Frequency-weighted continuations of a match of length ``m`` over sa[lo:hi].
 
     Reads up to ``samples`` occurrences spread evenly over the range (the
@@ -133,7 +135,8 @@ def suffix_drafts(tokens, sa, lo, hi, m, sep, samples, branches, out_tok, out_pr
     separator, then for each of the ``branches`` most frequent first tokens
     follows the majority token among the still-agreeing occurrences. Step
     probability = occurrences continuing that way / occurrences before the
-    step. Ties go to the smaller id, so results are deterministic.
+    step, plus ``pseudo`` (unseen occurrences that shrink thin evidence). Ties
+    go to the smaller id, so results are deterministic.
     """
     max_len = out_tok.shape[1]
     span = hi - lo
@@ -158,7 +161,7 @@ def suffix_drafts(tokens, sa, lo, hi, m, sep, samples, branches, out_tok, out_pr
             active[k] = (not used[k]) and clen[k] > 0 and cont[k, 0] == first
             used[k] = used[k] or active[k]
         out_tok[n, 0] = first
-        out_prob[n, 0] = count / s
+        out_prob[n, 0] = count / (s + pseudo)
         depth = 1
         while depth < max_len:
             tok, c = _majority(cont, clen, active, depth)
@@ -170,7 +173,7 @@ def suffix_drafts(tokens, sa, lo, hi, m, sep, samples, branches, out_tok, out_pr
                     live += 1
                     active[k] = clen[k] > depth and cont[k, depth] == tok
             out_tok[n, depth] = tok
-            out_prob[n, depth] = c / live
+            out_prob[n, depth] = c / (live + pseudo)
             depth += 1
         out_len[n] = depth
         n += 1

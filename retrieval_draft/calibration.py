@@ -15,6 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 DEPTH_BANDS = np.array([0, 1, 2, 4, 8])  # band b holds depths in [DEPTH_BANDS[b], DEPTH_BANDS[b + 1])
+# Buckets of the raw probability; finer near 1, where a long chain's worth
+# hangs on the difference between 0.9 and 0.98 per token.
+PROB_EDGES = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.94, 0.97, 0.99, 1.0])
 
 
 class AcceptanceCalibrator:
@@ -26,16 +29,19 @@ class AcceptanceCalibrator:
     graded even when the planner prunes them, so scepticism costs no learning.
 
     Args:
-        buckets: equal-width bins of the raw probability over [0, 1].
+        edges: bucket edges of the raw probability, increasing from 0 to 1.
         prior_weight: pseudo-trials behind each stage's prior.
         prior_scale: the prior believes raw guesses are this many times too high, inverted.
         decay: factor applied to all counts at every update (one per step).
     """
 
     def __init__(
-        self, buckets: int = 10, prior_weight: float = 4.0, prior_scale: float = 0.5, decay: float = 0.995
+        self, edges: np.ndarray = PROB_EDGES, prior_weight: float = 4.0, prior_scale: float = 0.5, decay: float = 0.995
     ) -> None:
-        self.edges = np.linspace(0.0, 1.0, buckets + 1)
+        self.edges = np.asarray(edges, dtype=np.float64)
+        if self.edges[0] != 0.0 or self.edges[-1] != 1.0 or np.any(np.diff(self.edges) <= 0):
+            raise ValueError("edges must increase from 0 to 1")
+        buckets = self.edges.shape[0] - 1
         self.centers = (self.edges[:-1] + self.edges[1:]) / 2
         self.prior_weight = prior_weight
         self.prior_scale = prior_scale

@@ -27,7 +27,7 @@ def _add_generate(sub) -> None:
     gen.add_argument("--drafters", default="all", help="comma list of prompt,ngram,suffix,history or 'all' (prompt + datastore drafters)")
     gen.add_argument("--tree-budget", type=int, default=32, help="most draft nodes per verification tree")
     gen.add_argument("--fixed-tree", action="store_true", help="always verify --tree-budget nodes (no cost-aware sizing)")
-    gen.add_argument("--max-draft-len", type=int, default=16, help="deepest draft path in tokens")
+    gen.add_argument("--max-draft-len", type=int, default=32, help="deepest draft path in tokens")
     gen.add_argument("--temperature", type=float, default=None, help="sample at this temperature (default: greedy)")
     gen.add_argument("--top-k", type=int, default=None)
     gen.add_argument("--top-p", type=float, default=None)

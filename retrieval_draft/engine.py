@@ -39,7 +39,7 @@ class DecodeOptions:
     max_new_tokens: int
     eos_ids: frozenset[int] = frozenset()
     tree_budget: int = 12
-    max_draft_len: int = 16
+    max_draft_len: int = 32
     do_sample: bool = False
 
 
@@ -109,6 +109,7 @@ def speculative_decode(
     context[:length] = prompt[0].cpu().numpy()
     for drafter in drafters:
         drafter.begin(context[:length].copy())
+    planner.register(drafters)
 
     start = time.perf_counter()
     root_logits = model.prefill(prompt)

@@ -41,7 +41,7 @@ def generate(
     datastore: str | None = None,
     draft_tokenizer=None,
     tree_budget: int = 32,
-    max_draft_len: int = 16,
+    max_draft_len: int = 32,
     adaptive_tree: bool = True,
     draft_planner: TreePlanner | None = None,
     draft_streamer=None,

@@ -40,8 +40,14 @@ class TreePlanner:
         self.overhead_decay = overhead_decay
         self.overhead_s = 0.0
 
+    def register(self, drafters) -> None:
+        """Give each drafter not seen before a calibrator with that drafter's ``prior_scale``."""
+        for drafter in drafters:
+            if drafter.name not in self.calibrators:
+                self.calibrators[drafter.name] = AcceptanceCalibrator(prior_scale=drafter.prior_scale)
+
     def calibrator(self, source: str) -> AcceptanceCalibrator:
-        """The calibrator of one drafter (created on first use)."""
+        """The calibrator of one drafter (created with the default prior on first use)."""
         if source not in self.calibrators:
             self.calibrators[source] = AcceptanceCalibrator()
         return self.calibrators[source]

@@ -31,7 +31,7 @@ class GenerationRequest:
     max_new_tokens: int = 128
     drafters: str = "all"
     tree_budget: int = 32
-    max_draft_len: int = 16
+    max_draft_len: int = 32
     adaptive_tree: bool = True
     sampling: dict = field(default_factory=dict)
     seed: int = 0

@@ -50,7 +50,7 @@ def test_datastore_drafters_returns_both_kinds_as_drafters(setup):
 
 def test_suffix_drafter_proposes_c_d_after_a_b_with_frequency_weights(setup):
     path, tokenizer = setup
-    suffix = SuffixDrafter(open_datastore(path))
+    suffix = SuffixDrafter(open_datastore(path), pseudo=0.0)
     drafts = suffix.propose(_ids(tokenizer, "z a b"), 3)
     assert _words(tokenizer, drafts[0]) == ["c", "d", "e"]
     np.testing.assert_allclose(drafts[0].probs, [1.0, 1.0, 0.75])
@@ -59,7 +59,7 @@ def test_suffix_drafter_proposes_c_d_after_a_b_with_frequency_weights(setup):
 
 def test_suffix_drafter_prefers_the_longest_match(setup):
     path, tokenizer = setup
-    suffix = SuffixDrafter(open_datastore(path))
+    suffix = SuffixDrafter(open_datastore(path), pseudo=0.0)
     assert suffix.longest_match(_ids(tokenizer, "z z d e a b"))[0] == 4  # "d e a b" occurs once
     drafts = suffix.propose(_ids(tokenizer, "z z d e a b"), 4)
     assert _words(tokenizer, drafts[0]) == ["c", "d", "e"]  # that document ends after "e"
@@ -68,9 +68,24 @@ def test_suffix_drafter_prefers_the_longest_match(setup):
 
 def test_suffix_drafter_offers_alternatives_as_separate_branches(setup):
     path, tokenizer = setup
-    drafts = SuffixDrafter(open_datastore(path)).propose(_ids(tokenizer, "d"), 2)
+    drafts = SuffixDrafter(open_datastore(path), pseudo=0.0).propose(_ids(tokenizer, "d"), 2)
     assert [_words(tokenizer, d) for d in drafts] == [["e", "a"], ["f", "z"]]
     np.testing.assert_allclose([d.probs[0] for d in drafts], [0.75, 0.25])
+
+
+def test_pseudo_counts_shrink_probabilities_backed_by_few_occurrences(setup):
+    path, tokenizer = setup
+    store = open_datastore(path)
+    # "a b" -> "c" -> "d" in all 4 occurrences, then "e" in 3 of them: counts 4/4, 4/4, 3/4.
+    suffix = SuffixDrafter(store, pseudo=1.0).propose(_ids(tokenizer, "z a b"), 3)
+    np.testing.assert_allclose(suffix[0].probs, [4 / 5, 4 / 5, 3 / 5])
+    # "d e a b" occurs once: one occurrence is weak evidence, 1 / (1 + 1) per token.
+    single = SuffixDrafter(store, pseudo=1.0).propose(_ids(tokenizer, "z z d e a b"), 3)
+    np.testing.assert_allclose(single[0].probs, [0.5, 0.5, 0.5])
+    ngram = NgramDrafter(store, widths=(1,), pseudo=1.0).propose(_ids(tokenizer, "a b"), 3)
+    assert ngram[0].probs[0] == pytest.approx(4 / 5)
+    with pytest.raises(ValueError):
+        SuffixDrafter(store, pseudo=-1.0)
 
 
 def test_continuations_never_cross_a_document_separator(setup):
@@ -81,7 +96,7 @@ def test_continuations_never_cross_a_document_separator(setup):
 
 def test_ngram_drafter_expands_top_children_with_count_over_total(setup):
     path, tokenizer = setup
-    drafts = NgramDrafter(open_datastore(path), widths=(2, 2, 2)).propose(_ids(tokenizer, "a b"), 3)
+    drafts = NgramDrafter(open_datastore(path), widths=(2, 2, 2), pseudo=0.0).propose(_ids(tokenizer, "a b"), 3)
     paths = {tuple(_words(tokenizer, d)): d.probs.tolist() for d in drafts}
     assert paths == {("c", "d", "e"): pytest.approx([1.0, 1.0, 0.75]), ("c", "d", "f"): pytest.approx([1.0, 1.0, 0.25])}
     greedy = NgramDrafter(open_datastore(path), widths=(1,)).propose(_ids(tokenizer, "a b"), 3)

@@ -7,7 +7,7 @@ import torch
 import retrieval_draft
 from retrieval_draft.calibration import AcceptanceCalibrator
 from retrieval_draft.cost import VerifyCost, measure_cost
-from retrieval_draft.drafters.base import Draft
+from retrieval_draft.drafters.base import Draft, Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.planner import TreePlanner
 from tests.conftest import random_prompt
@@ -147,3 +147,32 @@ def test_siblings_conditional_probabilities_are_capped_at_one():
     assert first_level.sum() == pytest.approx(1.0)
     node_1, node_2 = 1, 2
     assert tree.probs[node_2] == pytest.approx(tree.probs[node_1] * 0.5)
+
+
+def test_calibrator_buckets_separate_high_probabilities():
+    calibrator = AcceptanceCalibrator(decay=1.0)
+    sure, likely = np.array([0.98]), np.array([0.91])
+    for _ in range(100):
+        calibrator.grade(sure, np.array([5]), np.array([5]))
+        calibrator.grade(likely, np.array([5]), np.array([6]))
+    assert calibrator.rates(sure)[0] > 0.9
+    assert calibrator.rates(likely)[0] < 0.1
+    with pytest.raises(ValueError):
+        AcceptanceCalibrator(edges=np.array([0.0, 0.6, 0.5, 1.0]))
+
+
+def test_register_gives_each_drafter_its_own_prior_scale():
+    class Measured(Drafter):
+        name, prior_scale = "measured", 1.0
+
+        def propose(self, context, max_len):
+            return []
+
+    class Heuristic(Measured):
+        name, prior_scale = "heuristic", 0.5
+
+    planner = TreePlanner()
+    planner.register([Measured(), Heuristic()])
+    raw = np.array([0.9])
+    assert planner.calibrator("measured").rates(raw)[0] == pytest.approx(0.92)  # bucket [0.9, 0.94), believed
+    assert planner.calibrator("heuristic").rates(raw)[0] == pytest.approx(0.46)  # half believed

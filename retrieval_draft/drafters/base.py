@@ -51,6 +51,10 @@ class Drafter(ABC):
     """
 
     name: str = "drafter"
+    # How far the planner believes ``Draft.probs`` before it has graded any of
+    # this drafter's drafts: 1.0 for probabilities that are measured
+    # acceptance rates, lower for heuristic scores (see AcceptanceCalibrator).
+    prior_scale: float = 0.5
 
     def begin(self, prompt: np.ndarray) -> None:
         """A new generation starts. ``prompt``: shape (n,), int64 ids."""

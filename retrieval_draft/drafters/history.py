@@ -32,8 +32,9 @@ class HistoryDrafter(Drafter):
     """
 
     name = "history"
+    prior_scale = 1.0  # tail-match probabilities are measured rates (tail_match.py)
 
-    def __init__(self, max_tokens: int = 1_000_000, min_ngram: int = 2, max_ngram: int = 8, max_branches: int = 3) -> None:
+    def __init__(self, max_tokens: int = 1_000_000, min_ngram: int = 2, max_ngram: int = 32, max_branches: int = 3) -> None:
         if max_tokens < 16:
             raise ValueError("max_tokens must be at least 16")
         self.max_tokens = max_tokens

@@ -4,7 +4,8 @@ From the longest stored context (up to ``max_order`` tokens) that ends the
 current context, take the top ``widths[0]`` next tokens, then for each
 recurse with the extended context keeping ``widths[1]`` children, and so on
 (widths past the tuple are 1: greedy). Each root-to-leaf path is one Draft;
-``probs[i] = count(next) / total(context)`` at that level. One Numba call
+``probs[i] = count(next) / (total(context) + pseudo)`` at that level, so a
+context seen once is not taken for a certainty. One Numba call
 per propose.
 """
 
@@ -22,9 +23,14 @@ class NgramDrafter(Drafter):
 
     name = "ngram"
 
-    def __init__(self, store: Datastore, *, widths: tuple[int, ...] = (4, 2), max_drafts: int = 16) -> None:
+    def __init__(
+        self, store: Datastore, *, widths: tuple[int, ...] = (4, 2), max_drafts: int = 16, pseudo: float = 1.0
+    ) -> None:
         if not widths or min(widths) < 1 or max_drafts < 1:
             raise ValueError("widths must be non-empty positive ints and max_drafts >= 1")
+        if pseudo < 0:
+            raise ValueError("pseudo must be >= 0")
+        self._pseudo = float(pseudo)
         self._table = store.ngrams
         self._max_order = int(store.params["max_order"])
         self._widths = tuple(int(w) for w in widths)
@@ -42,5 +48,5 @@ class NgramDrafter(Drafter):
         out_len = np.zeros(self._max_drafts, np.int64)
         t = self._table
         n = ngram_drafts(context[-self._max_order :], t.offsets, t.context, t.next, t.count, t.total,
-                         widths, out_tok, out_prob, out_len)
+                         widths, self._pseudo, out_tok, out_prob, out_len)
         return [Draft(out_tok[i, : out_len[i]], out_prob[i, : out_len[i]]) for i in range(n)]

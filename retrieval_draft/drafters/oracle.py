@@ -19,6 +19,7 @@ class OracleDrafter(Drafter):
     """
 
     name = "oracle"
+    prior_scale = 1.0  # its drafts are the reference output itself
 
     def __init__(self, reference: np.ndarray) -> None:
         self.reference = np.asarray(reference, dtype=np.int64).reshape(-1)

@@ -24,8 +24,9 @@ class PromptLookupDrafter(Drafter):
     """
 
     name = "prompt"
+    prior_scale = 1.0  # tail-match probabilities are measured rates (tail_match.py)
 
-    def __init__(self, max_ngram: int = 8, min_ngram: int = 1, max_branches: int = 4) -> None:
+    def __init__(self, max_ngram: int = 32, min_ngram: int = 1, max_branches: int = 4) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         if max_branches < 1:

@@ -23,12 +23,17 @@ class SuffixDrafter(Drafter):
 
     name = "suffix"
 
-    def __init__(self, store: Datastore, *, max_match: int = 16, samples: int = 64, branches: int = 4) -> None:
+    def __init__(
+        self, store: Datastore, *, max_match: int = 16, samples: int = 64, branches: int = 4, pseudo: float = 1.0
+    ) -> None:
         depth = int(store.params["sort_depth"])
         if not 1 <= max_match <= depth:
             raise ValueError(f"max_match must be in 1..{depth} (the store's sort depth)")
         if samples < 1 or branches < 1:
             raise ValueError("samples and branches must be >= 1")
+        if pseudo < 0:
+            raise ValueError("pseudo must be >= 0")
+        self._pseudo = float(pseudo)
         self._store = store
         self._max_match = int(max_match)
         self._samples = int(samples)
@@ -73,6 +78,6 @@ class SuffixDrafter(Drafter):
         out_prob = np.zeros((self._branches, max_len), np.float64)
         out_len = np.zeros(self._branches, np.int64)
         s = self._store
-        n = suffix_drafts(s.tokens, s.suffix_array, lo, hi, m, s.separator, self._samples, self._branches,
+        n = suffix_drafts(s.tokens, s.suffix_array, lo, hi, m, s.separator, self._samples, self._branches, self._pseudo,
                           out_tok, out_prob, out_len)
         return [Draft(out_tok[i, : out_len[i]], out_prob[i, : out_len[i]]) for i in range(n)]
