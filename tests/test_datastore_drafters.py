@@ -101,6 +101,8 @@ def test_ngram_drafter_expands_top_children_with_count_over_total(setup):
     assert paths == {("c", "d", "e"): pytest.approx([1.0, 1.0, 0.75]), ("c", "d", "f"): pytest.approx([1.0, 1.0, 0.25])}
     greedy = NgramDrafter(open_datastore(path), widths=(1,)).propose(_ids(tokenizer, "a b"), 3)
     assert [_words(tokenizer, d) for d in greedy] == [["c", "d", "e"]]
+    shallow = NgramDrafter(open_datastore(path), widths=(1,), max_depth=2).propose(_ids(tokenizer, "a b"), 3)
+    assert [_words(tokenizer, d) for d in shallow] == [["c", "d"]]
 
 
 def test_drafts_are_deterministic_and_respect_max_len(setup):

@@ -24,10 +24,16 @@ class NgramDrafter(Drafter):
     name = "ngram"
 
     def __init__(
-        self, store: Datastore, *, widths: tuple[int, ...] = (4, 2), max_drafts: int = 16, pseudo: float = 1.0
+        self,
+        store: Datastore,
+        *,
+        widths: tuple[int, ...] = (4, 2),
+        max_drafts: int = 16,
+        pseudo: float = 1.0,
+        max_depth: int = 12,
     ) -> None:
-        if not widths or min(widths) < 1 or max_drafts < 1:
-            raise ValueError("widths must be non-empty positive ints and max_drafts >= 1")
+        if not widths or min(widths) < 1 or max_drafts < 1 or max_depth < 1:
+            raise ValueError("widths must be non-empty positive ints, max_drafts and max_depth >= 1")
         if pseudo < 0:
             raise ValueError("pseudo must be >= 0")
         self._pseudo = float(pseudo)
@@ -35,10 +41,14 @@ class NgramDrafter(Drafter):
         self._max_order = int(store.params["max_order"])
         self._widths = tuple(int(w) for w in widths)
         self._max_drafts = int(max_drafts)
+        # Markov chains lose confidence fast: past a dozen tokens a path's
+        # probability is too small to be verified, so expanding it is waste.
+        self._max_depth = int(max_depth)
 
     def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
-        """Up to ``max_drafts`` paths of at most ``max_len`` tokens; context shape (n,), int64."""
+        """Up to ``max_drafts`` paths of at most ``min(max_len, max_depth)`` tokens; context shape (n,), int64."""
         context = np.asarray(context, dtype=np.int64).reshape(-1)
+        max_len = min(max_len, self._max_depth)
         if max_len < 1 or context.size == 0:
             return []
         widths = np.ones(max_len, np.int64)
