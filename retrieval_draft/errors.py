@@ -39,3 +39,7 @@ class TokenIdOutOfRangeError(DatastoreError):
 
 class EmptyCorpusError(DatastoreError):
     """The corpus produced no tokens."""
+
+
+class CorruptHistoryError(RetrievalDraftError):
+    """A saved output-history file is unreadable, truncated or malformed."""

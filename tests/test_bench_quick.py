@@ -83,3 +83,5 @@ def test_quick_bench_marks_datastore_rows_without_datastore():
     for name in ("ngram", "suffix", "all"):
         assert unavailable_reason(SYSTEMS[name], has_datastore=False, sampling=False) == "no datastore"
     assert unavailable_reason(SYSTEMS["prompt"], has_datastore=False, sampling=False) is None
+    assert unavailable_reason(SYSTEMS["history"], has_datastore=True, sampling=False) == "no history file (--history)"
+    assert unavailable_reason(SYSTEMS["history"], has_datastore=False, sampling=False, has_history=True) is None

@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--markdown", help="also write the markdown report here")
     p.add_argument("--model", default=None, help="local model directory or .gguf (default SmolLM2-135M)")
     p.add_argument("--datastore", default=None, help="datastore directory for the ngram/suffix/all systems")
+    p.add_argument("--history", type=Path, default=None,
+                   help="saved output history (tools/warm_history.py) for the history system")
     p.add_argument("--max-new-tokens", type=int)
     p.add_argument("--repeats", type=int)
     p.add_argument("--prompts", type=int, help="prompts per workload")
@@ -106,7 +108,9 @@ def plugin_kwargs(args: argparse.Namespace) -> dict:
 def make_setup(session, args, ids, reference, datastore, max_new_tokens, seed) -> RunSetup:
     """The shared inputs of one timed run."""
     sampling = {"temperature": args.temperature} if args.sampling else {}
-    return RunSetup(session.model, ids, max_new_tokens, sampling, seed, reference, datastore, plugin_kwargs(args))
+    return RunSetup(
+        session.model, ids, max_new_tokens, sampling, seed, reference, datastore, plugin_kwargs(args), args.history
+    )
 
 
 def warm_up(session, args, ids, systems, datastore) -> None:
@@ -196,7 +200,7 @@ def select_systems(args, has_datastore: bool) -> tuple[list[str], dict]:
     """(runnable system names, {unavailable name: reason}) in ``args.systems`` order."""
     unavailable = {}
     for name in args.systems:
-        reason = unavailable_reason(SYSTEMS[name], has_datastore, args.sampling)
+        reason = unavailable_reason(SYSTEMS[name], has_datastore, args.sampling, args.history is not None)
         if reason:
             unavailable[name] = reason
     return [s for s in args.systems if s not in unavailable], unavailable
@@ -261,6 +265,7 @@ def run_config(args: argparse.Namespace, no_datastore: str | None) -> dict:
         "quick": args.quick,
         "datastore": args.datastore,
         "datastore_status": no_datastore or "loaded",
+        "history": str(args.history) if args.history else None,
         "plugin_kwargs": plugin_kwargs(args),
         "plugin_defaults": plugin_defaults(),
         "code": code_version(),

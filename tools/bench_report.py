@@ -210,7 +210,8 @@ def markdown(result: dict) -> str:
             f"- model: {Path(c['model']).name}; {c['max_new_tokens']} new tokens; {c['repeats']} repeats (median), "
             f"systems interleaved per prompt with the order rotated; seed {c['seed']}",
             f"- our plugin: {c['plugin_kwargs'] or 'defaults'} (defaults {c['plugin_defaults']}); "
-            f"datastore: {c['datastore'] or 'none'} ({c['datastore_status']})",
+            f"datastore: {c['datastore'] or 'none'} ({c['datastore_status']}); "
+            f"warm output history: {c.get('history') or 'none'}",
             f"- code: commit {str(c['code']['commit'])[:10]}, {c['code']['changed_files']} files changed or untracked",
             f"- decode tok/s = new tokens / (wall - prefill); wall time {result['elapsed_s']:.0f} s",
             "",

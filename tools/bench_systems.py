@@ -9,6 +9,7 @@ alone; model loading, tokenization and warm-up are outside it.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable
 
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.engine import DecodeStats
@@ -37,6 +39,8 @@ class RunSetup:
         reference: shape (L + m,), int64, HF greedy's full output (for the oracle), or None.
         datastore: datastore drafters by name ("ngram", "suffix"); empty without a datastore.
         plugin_kwargs: extra options for our plugin (tree_budget=, max_draft_len=).
+        history: a saved output history (``tools/warm_history.py``), or None. Every
+            run loads its own copy, so what one run generates never reaches another.
     """
 
     model: torch.nn.Module
@@ -47,6 +51,7 @@ class RunSetup:
     reference: np.ndarray | None
     datastore: dict
     plugin_kwargs: dict
+    history: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class System:
     needs_reference: bool
     drafters: Callable[[RunSetup], list[Drafter]] | None
     hf_kwargs: dict
+    needs_history: bool = False
 
 
 def _prompt(setup: RunSetup) -> list[Drafter]:
@@ -84,6 +90,10 @@ def _suffix(setup: RunSetup) -> list[Drafter]:
 
 def _all(setup: RunSetup) -> list[Drafter]:
     return [PromptLookupDrafter(), setup.datastore["ngram"], setup.datastore["suffix"]]
+
+
+def _history(setup: RunSetup) -> list[Drafter]:
+    return [PromptLookupDrafter(), HistoryDrafter.load(setup.history, vocab_size=setup.model.config.vocab_size)]
 
 
 def _oracle(setup: RunSetup) -> list[Drafter]:
@@ -106,6 +116,7 @@ SYSTEMS: dict[str, System] = {
         System("ngram", "ours: n-gram table", True, False, _ngram, {}),
         System("suffix", "ours: suffix index", True, False, _suffix, {}),
         System("all", "ours: all drafters", True, False, _all, {}),
+        System("history", "ours: prompt lookup + warm history", False, False, _history, {}, needs_history=True),
         System("oracle", "ours: oracle (ceiling)", False, True, _oracle, {}),
     )
 }
@@ -150,10 +161,12 @@ def prefill_seconds(model: torch.nn.Module, input_ids: torch.Tensor, tries: int 
     return best
 
 
-def unavailable_reason(system: System, has_datastore: bool, sampling: bool) -> str | None:
+def unavailable_reason(system: System, has_datastore: bool, sampling: bool, has_history: bool = False) -> str | None:
     """Why ``system`` cannot run in this configuration, or None when it can."""
     if system.needs_datastore and not has_datastore:
         return "no datastore"
+    if system.needs_history and not has_history:
+        return "no history file (--history)"
     if system.needs_reference and sampling:
         return "n/a (sampling)"
     return None

@@ -8,16 +8,25 @@ over time (the idea behind SuffixDecoding's and llama.cpp's dynamic caches).
 Memory: at most ``max_tokens`` int32 ids (4 bytes each, 4 MB for the
 default million) plus one separator per document. When full, the oldest
 half is evicted at once, so appending stays amortised O(1).
+
+The buffer survives restarts with ``save`` and ``load`` (like llama.cpp's
+dynamic lookup cache file): one ``.npz`` holding the ids, a format version
+and the tokenizer's fingerprint, written atomically.
 """
 
 from __future__ import annotations
+
+import zipfile
+from pathlib import Path
 
 import numpy as np
 
 from retrieval_draft.drafters.base import Draft, Drafter
 from retrieval_draft.drafters.tail_match import continuations, tail_matches
+from retrieval_draft.errors import CorruptHistoryError, TokenIdOutOfRangeError, TokenizerMismatchError
 
 SEPARATOR = -1
+HISTORY_FORMAT = 1
 
 
 class HistoryDrafter(Drafter):
@@ -32,7 +41,9 @@ class HistoryDrafter(Drafter):
     """
 
     name = "history"
-    prior_scale = 1.0  # tail-match probabilities are measured rates (tail_match.py)
+    # Tail-match rates were measured for copying from the context itself; a match
+    # in another document is weaker evidence, so start sceptical (the default).
+    prior_scale = 0.5
 
     def __init__(self, max_tokens: int = 1_000_000, min_ngram: int = 2, max_ngram: int = 32, max_branches: int = 3) -> None:
         if max_tokens < 16:
@@ -66,6 +77,44 @@ class HistoryDrafter(Drafter):
             start = int(separators[-1]) + 1 if separators.size else cut
             grown = grown[start:]
         self._buffer = grown
+
+    def save(self, path: str | Path, tokenizer=None) -> None:
+        """Write the buffer to ``path`` (.npz) atomically; with ``tokenizer``, record its fingerprint."""
+        from datastore.atomic import atomic_path
+        from datastore.tokenizer import tokenizer_fingerprint
+
+        fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else ""
+        with atomic_path(Path(path)) as tmp, open(tmp, "wb") as handle:
+            np.savez(handle, tokens=self._buffer, format=np.int64(HISTORY_FORMAT), fingerprint=np.array(fingerprint))
+
+    @classmethod
+    def load(cls, path: str | Path, *, vocab_size: int | None = None, tokenizer=None, **options) -> "HistoryDrafter":
+        """A drafter holding the buffer saved at ``path``; ``options`` go to the constructor.
+
+        Raises CorruptHistoryError for an unreadable or malformed file,
+        TokenizerMismatchError when ``tokenizer`` differs from the one recorded,
+        TokenIdOutOfRangeError for ids >= ``vocab_size``.
+        """
+        from datastore.tokenizer import tokenizer_fingerprint
+
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                tokens, version, fingerprint = data["tokens"], int(data["format"]), str(data["fingerprint"])
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+            raise CorruptHistoryError(f"{path} is not a readable history file ({error})") from error
+        if version != HISTORY_FORMAT:
+            raise CorruptHistoryError(f"{path} has history format {version}; this version reads {HISTORY_FORMAT}")
+        if tokens.dtype != np.int32 or tokens.ndim != 1 or (tokens.size and int(tokens.min()) < SEPARATOR):
+            raise CorruptHistoryError(f"{path} does not hold a 1-D int32 id buffer")
+        if vocab_size is not None and tokens.size and int(tokens.max()) >= vocab_size:
+            raise TokenIdOutOfRangeError(f"{path} holds id {int(tokens.max())}, beyond the vocabulary of {vocab_size}")
+        if tokenizer is not None and fingerprint and fingerprint != tokenizer_fingerprint(tokenizer):
+            raise TokenizerMismatchError(f"{path} was written with a different tokenizer")
+        drafter = cls(**options)
+        drafter._buffer = tokens[-drafter.max_tokens :].copy()
+        return drafter
 
     def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
         if self._buffer.shape[0] < 2:
