@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from retrieval_draft.errors import RetrievalDraftError
 
@@ -25,6 +26,11 @@ def _add_generate(sub) -> None:
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--datastore", default=None, help="datastore directory built by `retrieval-draft build`")
     gen.add_argument("--drafters", default="all", help="comma list of prompt,ngram,suffix,history or 'all' (prompt + datastore drafters)")
+    gen.add_argument(
+        "--history",
+        default=None,
+        help="output-history file (.npz): loaded when present, drafted from, and saved with this generation added",
+    )
     gen.add_argument("--tree-budget", type=int, default=32, help="most draft nodes per verification tree")
     gen.add_argument("--fixed-tree", action="store_true", help="always verify --tree-budget nodes (no cost-aware sizing)")
     gen.add_argument("--max-draft-len", type=int, default=32, help="deepest draft path in tokens")
@@ -62,19 +68,24 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_generate(args: argparse.Namespace) -> int:
     """Generate once (and, with --compare, side by side with plain HF generate)."""
-    from retrieval_draft.errors import InvalidInputError
     from retrieval_draft.compare import compare_with_plain
+    from retrieval_draft.drafters.history import HistoryDrafter
+    from retrieval_draft.errors import InvalidInputError
     from retrieval_draft.session import GenerationRequest, load_session
 
     prompt = args.prompt if args.prompt is not None else open(args.prompt_file, encoding="utf-8").read()
     if not prompt.strip():
         raise InvalidInputError("the prompt is empty")
     sampling = {k: v for k, v in (("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p)) if v is not None}
+    drafters = args.drafters
+    if args.history and "history" not in drafters.split(","):
+        drafters = ("prompt,ngram,suffix" if args.datastore else "prompt") if drafters == "all" else drafters
+        drafters += ",history"
     request = GenerationRequest(
         prompt=prompt,
         chat=args.chat,
         max_new_tokens=args.max_new_tokens,
-        drafters=args.drafters,
+        drafters=drafters,
         tree_budget=args.tree_budget,
         adaptive_tree=not args.fixed_tree,
         max_draft_len=args.max_draft_len,
@@ -84,15 +95,21 @@ def run_generate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     session = load_session(args.model, args.datastore)
     print(f"loaded model in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    if args.history and Path(args.history).exists():
+        session.history = HistoryDrafter.load(
+            args.history, vocab_size=session.model.config.vocab_size, tokenizer=session.tokenizer
+        )
     if not args.compare:
         text, stats = session.generate(request, stream=True)
         print()
         print(_stats_line(stats.as_dict()), file=sys.stderr)
-        return 0
-    report = compare_with_plain(session, request)
-    print(report.text)
-    print()
-    print(report.table())
+    else:
+        report = compare_with_plain(session, request)
+        print(report.text)
+        print()
+        print(report.table())
+    if args.history:
+        session.history.save(args.history, tokenizer=session.tokenizer)
     return 0
 
 

@@ -102,3 +102,22 @@ def test_cli_generate_with_a_datastore_reports_identical_output(stdlib_store):
     )
     assert result.returncode == 0, result.stderr
     assert "identical: yes" in result.stdout
+
+
+def test_cli_history_file_grows_across_runs_and_a_corrupt_one_is_refused(tmp_path):
+    from retrieval_draft.drafters.history import HistoryDrafter
+
+    history = tmp_path / "history.npz"
+    command = [sys.executable, "-m", "retrieval_draft.cli", "generate", "--prompt", CODE, "--max-new-tokens", "16",
+               "--compare", "--history", str(history)]
+    sizes = []
+    for _ in range(2):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+        assert "identical: yes" in result.stdout
+        sizes.append(HistoryDrafter.load(history).size)
+    assert 0 < sizes[0] < sizes[1]  # the second run appended its prompt and output
+    history.write_bytes(history.read_bytes()[:100])
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2
+    assert "not a readable history file" in result.stderr
