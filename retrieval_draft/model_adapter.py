@@ -15,6 +15,8 @@ from transformers import DynamicCache
 
 from retrieval_draft.errors import InvalidInputError, UnsupportedModelError
 from retrieval_draft.tree import DraftTree
+from retrieval_draft.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linears
+from retrieval_draft.tree_attention import sdpa_configs, tree_attention
 
 _MASKABLE_ATTENTION = ("sdpa", "eager")
 
@@ -59,6 +61,8 @@ class TreeModel:
         self._layer_types = set(getattr(config, "layer_types", None) or ())
         self.cache = DynamicCache()
         self.past_len = 0
+        self._sdpa_configs = sdpa_configs(model)
+        self._skinny = eligible_linears(model) if self.device.type == "cpu" else []
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -85,13 +89,15 @@ class TreeModel:
         # A lone root sees the whole cache: the model's own single-token path
         # (no explicit mask) is what plain decoding runs, and it is faster.
         lone = tree.size == 1 and "sliding_attention" not in self._layer_types
-        out = self.model(
-            input_ids=torch.from_numpy(tree.tokens).unsqueeze(0).to(self.device),
-            position_ids=torch.from_numpy(positions).unsqueeze(0).to(self.device),
-            attention_mask=None if lone else self._mask(positions, tree.ancestor_mask(), self.past_len),
-            past_key_values=self.cache,
-            use_cache=True,
-        )
+        skinny = self._skinny if tree.size in SKINNY_ROWS else []
+        with tree_attention([] if lone else self._sdpa_configs), skinny_linears(skinny):
+            out = self.model(
+                input_ids=torch.from_numpy(tree.tokens).unsqueeze(0).to(self.device),
+                position_ids=torch.from_numpy(positions).unsqueeze(0).to(self.device),
+                attention_mask=None if lone else self._mask(positions, tree.ancestor_mask(), self.past_len),
+                past_key_values=self.cache,
+                use_cache=True,
+            )
         return out.logits[0].float()
 
     def keep(self, nodes: np.ndarray) -> None:

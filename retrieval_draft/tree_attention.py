@@ -1,0 +1,97 @@
+"""SDPA for tree forwards without copying the KV cache once per query head.
+
+With an explicit mask, HF's SDPA integration expands grouped-query keys and
+values to every query head (``repeat_kv``) on CPU and CUDA: for SmolLM2-135M
+(9 query heads, 3 KV heads) that copies the whole cache three times over in
+every layer of every tree forward, about 10 ms of a 60 ms forward on a 2-core
+CPU. Plain decoding passes no mask and takes SDPA's own GQA path, so only
+tree verification paid this.
+
+``grouped_sdpa`` computes the same attention with the query heads that share
+a KV head stacked along the query axis: queries (1, H, n, d) become
+(1, H_kv, G*n, d) with G = H / H_kv, the (1, 1, n, k) mask is tiled G times
+along its rows, and the cache is read as it is. ``tree_attention(configs)``
+routes a model's SDPA layers through it for the duration of one forward;
+``sdpa_configs(model)`` finds the configs to switch.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+GROUPED_SDPA = "retrieval_draft_grouped_sdpa"
+
+
+def grouped_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Attention for one layer; same contract as HF's ``sdpa_attention_forward``.
+
+    Args:
+        query: (1, H, n, d) new tokens' queries.
+        key, value: (1, H_kv, k, d) the cache plus the new tokens, k = past + n.
+        attention_mask: (1, 1, n, k) additive float mask shared by all heads.
+
+    Returns:
+        ((1, n, H, d) attention output, None). Calls that are not this case
+        (one KV head per query head, no mask, a per-head mask, softcapping or
+        position biases) go to HF's own SDPA function unchanged.
+    """
+    groups = getattr(module, "num_key_value_groups", 1)
+    plain = (
+        groups == 1
+        or attention_mask is None
+        or attention_mask.dim() != 4
+        or attention_mask.shape[:2] != (1, 1)
+        or query.shape[0] != 1
+        or kwargs.get("softcap") is not None
+        or kwargs.get("position_bias") is not None
+        or kwargs.get("cache") is not None
+    )
+    if plain:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    _, heads, n, dim = query.shape
+    kv_heads = key.shape[1]
+    stacked = query.reshape(1, kv_heads, groups * n, dim)
+    mask = attention_mask.expand(1, groups, n, attention_mask.shape[-1]).reshape(1, 1, groups * n, -1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        stacked, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
+    )
+    return out.reshape(1, heads, n, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
+
+
+def sdpa_configs(model: torch.nn.Module) -> list:
+    """The distinct config objects of ``model``'s modules that select SDPA attention."""
+    found = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "_attn_implementation", None) == "sdpa":
+            found[id(config)] = config
+    return list(found.values())
+
+
+@contextmanager
+def tree_attention(configs: list):
+    """Within the block, layers reading ``configs`` (from ``sdpa_configs``) use ``grouped_sdpa``."""
+    switched = [c for c in configs if c._attn_implementation == "sdpa"]
+    for config in switched:
+        config._attn_implementation = GROUPED_SDPA
+    try:
+        yield
+    finally:
+        for config in switched:
+            config._attn_implementation = "sdpa"

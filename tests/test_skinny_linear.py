@@ -1,0 +1,70 @@
+"""The skinny float32 matmul used for 4-16-node tree forwards on CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from retrieval_draft.model_adapter import TreeModel
+from retrieval_draft.skinny_linear import eligible_linears, skinny_linear, skinny_linears, skinny_matmul
+from retrieval_draft.tree import DraftTree
+
+from .conftest import make_tiny_llama, random_prompt
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 16])
+@pytest.mark.parametrize("width", [4, 13, 64, 130])
+def test_skinny_matmul_matches_torch(rows, width):
+    rng = np.random.default_rng(rows * 1000 + width)
+    x = rng.standard_normal((rows, 37), dtype=np.float32)
+    w = rng.standard_normal((width, 37), dtype=np.float32)
+    out = np.full((rows, width), np.nan, dtype=np.float32)
+    skinny_matmul(x, w, out)
+    expected = (torch.from_numpy(x).double() @ torch.from_numpy(w).double().T).float().numpy()
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_skinny_linear_keeps_leading_dims_and_bias():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(24, 10, bias=True)
+    x = torch.randn(1, 6, 24)
+    with torch.no_grad():
+        got = skinny_linear(layer, x)
+        torch.testing.assert_close(got, layer(x), rtol=1e-5, atol=1e-5)
+    assert got.shape == (1, 6, 10)
+
+
+def test_routing_is_scoped_and_skips_hooked_or_other_layers():
+    model = make_tiny_llama()
+    linears = eligible_linears(model)
+    assert len(linears) == 2 * 7 + 1  # q k v o gate up down per layer, plus lm_head
+    hooked = linears[0]
+    hooked.forward = lambda x: x  # what an offloading hook looks like: an instance-level forward
+    assert hooked not in eligible_linears(model)
+    del hooked.forward
+    with skinny_linears(linears):
+        assert all("forward" in vars(m) for m in linears)
+    assert not any("forward" in vars(m) for m in linears)
+    with pytest.raises(RuntimeError), skinny_linears(linears):
+        raise RuntimeError("inside")
+    assert not any("forward" in vars(m) for m in linears)
+
+
+def test_tree_forward_with_kernel_matches_plain_linear():
+    """Logits of an 8-node tree through the kernel equal those through MKL to float32 rounding."""
+    model = make_tiny_llama(seed=3)
+    tree = DraftTree(
+        tokens=np.array([5, 6, 7, 8, 9, 10, 11, 12]),
+        parents=np.array([-1, 0, 1, 2, 0, 4, 5, 1]),
+        depths=np.array([0, 1, 2, 3, 1, 2, 3, 2]),
+        probs=np.ones(8),
+    )
+    prompt = random_prompt(1)
+    fast = TreeModel(model)
+    assert fast._skinny
+    fast.prefill(prompt)
+    plain = TreeModel(model)
+    plain._skinny = []
+    plain.prefill(prompt)
+    torch.testing.assert_close(fast.score_tree(tree), plain.score_tree(tree), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,65 @@
+"""Grouped-query SDPA for tree forwards: same attention, no copied KV cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from retrieval_draft.tree_attention import GROUPED_SDPA, grouped_sdpa, sdpa_configs, tree_attention
+
+from .conftest import make_tiny_llama
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
+def _tree_mask(n: int, past: int, seed: int) -> torch.Tensor:
+    """(1, 1, n, past + n) additive mask: the cache visible, each node sees itself and a random earlier node."""
+    rng = np.random.default_rng(seed)
+    allowed = np.zeros((n, past + n), dtype=bool)
+    allowed[:, :past] = True
+    for i in range(n):
+        allowed[i, past + i] = True
+        if i:
+            allowed[i, past + rng.integers(0, i)] = True
+    mask = torch.zeros(allowed.shape)
+    mask.masked_fill_(torch.from_numpy(~allowed), torch.finfo(torch.float32).min)
+    return mask[None, None]
+
+
+@pytest.mark.parametrize("groups,n", [(3, 1), (3, 7), (2, 16), (1, 5)])
+def test_grouped_sdpa_matches_hf_sdpa(groups, n):
+    torch.manual_seed(groups * 10 + n)
+    kv_heads, past, dim = 2, 11, 8
+    query = torch.randn(1, kv_heads * groups, n, dim)
+    key = torch.randn(1, kv_heads, past + n, dim)
+    value = torch.randn(1, kv_heads, past + n, dim)
+    mask = _tree_mask(n, past, seed=n)
+    layer = _Layer(groups)
+    got, _ = grouped_sdpa(layer, query, key, value, mask, scaling=dim**-0.5)
+    want, _ = sdpa_attention_forward(layer, query, key, value, mask, scaling=dim**-0.5)
+    assert got.shape == (1, n, kv_heads * groups, dim)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_switch_is_scoped_to_the_block():
+    model = make_tiny_llama(attn="sdpa")
+    configs = sdpa_configs(model)
+    assert configs and all(c._attn_implementation == "sdpa" for c in configs)
+    with tree_attention(configs):
+        assert model.config._attn_implementation == GROUPED_SDPA
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError), tree_attention(configs):
+        raise ValueError("inside")
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_eager_models_are_left_alone():
+    model = make_tiny_llama(attn="eager")
+    assert sdpa_configs(model) == []
