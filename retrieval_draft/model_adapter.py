@@ -11,11 +11,11 @@ import inspect
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from retrieval_draft.errors import InvalidInputError, UnsupportedModelError
-from retrieval_draft.tree import DraftTree
+from retrieval_draft.kv_cache import growing_cache
 from retrieval_draft.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linears
+from retrieval_draft.tree import DraftTree
 from retrieval_draft.tree_attention import sdpa_configs, tree_attention
 
 _MASKABLE_ATTENTION = ("sdpa", "eager")
@@ -59,7 +59,7 @@ class TreeModel:
         config = model.config
         self._window = getattr(config, "sliding_window", None)
         self._layer_types = set(getattr(config, "layer_types", None) or ())
-        self.cache = DynamicCache()
+        self.cache = growing_cache()
         self.past_len = 0
         self._sdpa_configs = sdpa_configs(model)
         self._skinny = eligible_linears(model) if self.device.type == "cpu" else []
@@ -67,7 +67,7 @@ class TreeModel:
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Run the prompt (shape (1, L), int64) into a fresh cache; return the last logits, shape (V,)."""
-        self.cache = DynamicCache()
+        self.cache = growing_cache()
         length = input_ids.shape[1]
         out = self.model(
             input_ids=input_ids.to(self.device),

@@ -1,0 +1,72 @@
+"""The in-place KV cache: same rows as HF's concatenating cache, through growth and compaction."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from retrieval_draft.kv_cache import MIN_CAPACITY, GrowingLayer, growing_cache
+from retrieval_draft.model_adapter import TreeModel
+from retrieval_draft.tree import DraftTree
+
+from .conftest import make_tiny_llama, random_prompt
+
+
+def _rows(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(1, 2, n, 4, generator=generator), torch.randn(1, 2, n, 4, generator=generator)
+
+
+def test_updates_match_concatenation_across_growth():
+    growing, plain = GrowingLayer(), DynamicLayer()
+    sizes = [MIN_CAPACITY - 3, 1, 5, 300, 2]  # the third and fourth updates outgrow the buffer
+    for seed, n in enumerate(sizes):
+        keys, values = _rows(n, seed)
+        got = growing.update(keys, values)
+        want = plain.update(keys, values)
+        torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+        torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+    assert growing.get_seq_length() == sum(sizes)
+    assert growing._key_buffer.shape[-2] >= sum(sizes)
+
+
+def test_shortened_views_are_overwritten_by_the_next_update():
+    layer = GrowingLayer()
+    keys, values = _rows(10, 0)
+    layer.update(keys, values)
+    layer.keys, layer.values = layer.keys[..., :6, :], layer.values[..., :6, :]  # what TreeModel.keep does
+    more_keys, more_values = _rows(3, 1)
+    got_keys, got_values = layer.update(more_keys, more_values)
+    torch.testing.assert_close(got_keys, torch.cat([keys[..., :6, :], more_keys], dim=-2), rtol=0, atol=0)
+    torch.testing.assert_close(got_values, torch.cat([values[..., :6, :], more_values], dim=-2), rtol=0, atol=0)
+
+
+def test_growing_cache_creates_growing_layers():
+    model = make_tiny_llama()
+    tree_model = TreeModel(model)
+    tree_model.prefill(random_prompt(0))
+    assert tree_model.cache.layers and all(isinstance(layer, GrowingLayer) for layer in tree_model.cache.layers)
+    assert isinstance(growing_cache().layer_class_to_replicate(), GrowingLayer)
+
+
+def test_tree_steps_match_a_fresh_forward_over_the_kept_sequence():
+    """After prefill, a branching tree and a compaction, the next logits equal a no-cache forward."""
+    model = make_tiny_llama(seed=2)
+    prompt = random_prompt(4)
+    tree_model = TreeModel(model)
+    tree_model.prefill(prompt)
+    tree = DraftTree(
+        tokens=np.array([7, 8, 9, 10, 11]),
+        parents=np.array([-1, 0, 0, 2, 3]),
+        depths=np.array([0, 1, 1, 2, 3]),
+        probs=np.ones(5),
+    )
+    tree_model.score_tree(tree)
+    tree_model.keep(np.array([0, 2, 3]))  # root, then the second branch: tokens 7, 9, 10
+    step = DraftTree(tokens=np.array([12]), parents=np.array([-1]), depths=np.array([0]), probs=np.ones(1))
+    got = tree_model.score_tree(step)[0]
+    full = torch.cat([prompt, torch.tensor([[7, 9, 10, 12]])], dim=1)
+    with torch.no_grad():
+        want = model(full).logits[0, -1]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
