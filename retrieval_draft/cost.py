@@ -3,9 +3,11 @@
 On a CPU one forward over 16 new tokens costs about two single-token
 forwards, on a GPU hardly more than one; so the tree size that maximises
 accepted tokens per second depends on the device. ``VerifyCost`` measures
-the curve once per model and process (``cost_for`` caches it), and
+the curve once per model and process (``CostCache`` keeps it), and
 ``best_size`` picks the number of draft nodes that maximises expected tokens
-per second given the nodes' estimated acceptance probabilities.
+per second given the nodes' estimated acceptance probabilities. On CPU the
+measurement also times each probed size of 4-16 nodes with and without the
+skinny matmul (``skinny_linear.py``) and keeps, per size, whichever was faster.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from retrieval_draft.skinny_linear import SKINNY_ROWS
 
 PROBE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 PROBE_CACHE_LEN = 256
@@ -28,22 +32,25 @@ class VerifyCost:
     Attributes:
         seconds: shape (max_nodes + 1,), float64; ``seconds[k]`` is the time of
             one forward over k new tokens (``seconds[0]`` unused, equal to ``seconds[1]``).
+        skinny_sizes: tree sizes that should use the skinny matmul (``TreeModel(skinny_sizes=)``);
+            None leaves ``TreeModel``'s default.
     """
 
     seconds: np.ndarray
+    skinny_sizes: frozenset | None = None
 
     @property
     def max_nodes(self) -> int:
         return int(self.seconds.shape[0] - 1)
 
     @classmethod
-    def from_points(cls, sizes, seconds, max_nodes: int = 64) -> "VerifyCost":
+    def from_points(cls, sizes, seconds, max_nodes: int = 64, skinny_sizes: frozenset | None = None) -> "VerifyCost":
         """Linear interpolation through measured (size, seconds) points, non-decreasing."""
         grid = np.arange(max_nodes + 1, dtype=np.float64)
         curve = np.interp(grid, np.asarray(sizes, float), np.asarray(seconds, float))
         curve = np.maximum.accumulate(curve)
         curve[0] = curve[1]
-        return cls(curve)
+        return cls(curve, skinny_sizes)
 
     def best_size(self, probs: np.ndarray, overhead_s: float = 0.0) -> int:
         """How many draft nodes to verify.
@@ -68,33 +75,60 @@ def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PRO
     """Time tree forwards of ``sizes`` nodes after a ``cache_len``-token prompt (median of ``repeats``).
 
     Runs the same path as decoding (``TreeModel.score_tree`` with a chain
-    tree and its 4D mask), so the curve includes the mask's cost.
+    tree and its 4D mask), so the curve includes the mask's cost. Where the
+    model can use the skinny matmul, probed sizes in ``SKINNY_ROWS`` are timed
+    both ways; the curve takes the faster, and ``skinny_sizes`` lists the
+    sizes that take the kernel (each size follows the nearest probe at or below it).
     """
     from retrieval_draft.model_adapter import TreeModel
-    from retrieval_draft.tree import DraftTree
 
     tree_model = TreeModel(model)
-    vocab = model.config.vocab_size
     rng = np.random.default_rng(0)
-    tree_model.prefill(torch.from_numpy(rng.integers(0, vocab, size=(1, cache_len))))
-    times = []
+    tree_model.prefill(torch.from_numpy(rng.integers(0, model.config.vocab_size, size=(1, cache_len))))
+    kernel_possible = bool(tree_model.skinny_sizes)
+    times, kernel_wins = [], {}
     for size in sizes:
-        chain = DraftTree(
-            tokens=rng.integers(0, vocab, size=size),
-            parents=np.arange(-1, size - 1),
-            depths=np.arange(size),
-            probs=np.ones(size),
-        )
-        samples = []
-        for _ in range(repeats + 1):  # the first run warms up
-            started = time.perf_counter()
-            tree_model.score_tree(chain)
-            if tree_model.device.type == "cuda":
-                torch.cuda.synchronize(tree_model.device)
-            samples.append(time.perf_counter() - started)
-            tree_model.keep(np.zeros(1, dtype=np.int64))
-        times.append(float(np.median(samples[1:])))
-    return VerifyCost.from_points(sizes, times, max_nodes=max(sizes))
+        tree_model.skinny_sizes = frozenset()
+        plain = _time_chain(tree_model, size, rng, repeats)
+        if kernel_possible and size in SKINNY_ROWS:
+            tree_model.skinny_sizes = frozenset([size])
+            kernel = _time_chain(tree_model, size, rng, repeats)
+            kernel_wins[size] = kernel < plain
+            plain = min(plain, kernel)
+        times.append(plain)
+    chosen = kernel_sizes(kernel_wins) if kernel_possible else None
+    return VerifyCost.from_points(sizes, times, max_nodes=max(sizes), skinny_sizes=chosen)
+
+
+def kernel_sizes(kernel_wins: dict[int, bool]) -> frozenset:
+    """Sizes in ``SKINNY_ROWS`` that take the kernel: those whose nearest probe at or below won."""
+    chosen = set()
+    for size in SKINNY_ROWS:
+        below = [probe for probe in kernel_wins if probe <= size]
+        if below and kernel_wins[max(below)]:
+            chosen.add(size)
+    return frozenset(chosen)
+
+
+def _time_chain(tree_model, size: int, rng: np.random.Generator, repeats: int) -> float:
+    """Median seconds of ``repeats`` forwards over a ``size``-token chain (after one warm-up)."""
+    from retrieval_draft.tree import DraftTree
+
+    chain = DraftTree(
+        tokens=rng.integers(0, tree_model.model.config.vocab_size, size=size),
+        parents=np.arange(-1, size - 1),
+        depths=np.arange(size),
+        probs=np.ones(size),
+    )
+    samples = []
+    for _ in range(repeats + 1):  # the first run warms up
+        started = time.perf_counter()
+        tree_model.score_tree(chain)
+        if tree_model.device.type == "cuda":
+            torch.cuda.synchronize(tree_model.device)
+        samples.append(time.perf_counter() - started)
+        tree_model.keep(np.zeros(1, dtype=np.int64))
+    return float(np.median(samples[1:]))
 
 
 class CostCache:

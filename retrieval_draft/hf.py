@@ -94,8 +94,10 @@ def generate(
         generator.manual_seed(seed)
     if draft_streamer is not None:
         draft_streamer.put(input_ids.cpu())
+    planner = draft_planner or make_planner(model, tree_budget, adaptive_tree)
+    measured = planner.cost.skinny_sizes if planner.cost is not None else None
     new, stats = speculative_decode(
-        TreeModel(model),
+        TreeModel(model, skinny_sizes=measured),
         input_ids,
         chosen,
         options,
@@ -103,7 +105,7 @@ def generate(
         generator=generator,
         on_tokens=(lambda tokens: draft_streamer.put(torch.from_numpy(tokens))) if draft_streamer else None,
         should_stop=_extra_stop_check(stopping_criteria),
-        planner=draft_planner or make_planner(model, tree_budget, adaptive_tree),
+        planner=planner,
     )
     if draft_streamer is not None:
         draft_streamer.end()

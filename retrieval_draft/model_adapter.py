@@ -51,7 +51,9 @@ class TreeModel:
     ``past_len`` counts the tokens whose KV rows are cached.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, skinny_sizes: frozenset | None = None) -> None:
+        """``skinny_sizes``: tree sizes whose forward uses the skinny matmul on CPU
+        (default ``SKINNY_ROWS``; ``VerifyCost.skinny_sizes`` holds the measured choice)."""
         check_tree_support(model)
         self.model = model
         self.device = next(model.parameters()).device
@@ -63,6 +65,7 @@ class TreeModel:
         self.past_len = 0
         self._sdpa_configs = sdpa_configs(model)
         self._skinny = eligible_linears(model) if self.device.type == "cpu" else []
+        self.skinny_sizes = frozenset(SKINNY_ROWS if skinny_sizes is None else skinny_sizes) if self._skinny else frozenset()
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -89,7 +92,7 @@ class TreeModel:
         # A lone root sees the whole cache: the model's own single-token path
         # (no explicit mask) is what plain decoding runs, and it is faster.
         lone = tree.size == 1 and "sliding_attention" not in self._layer_types
-        skinny = self._skinny if tree.size in SKINNY_ROWS else []
+        skinny = self._skinny if tree.size in self.skinny_sizes else []
         with tree_attention([] if lone else self._sdpa_configs), skinny_linears(skinny):
             out = self.model(
                 input_ids=torch.from_numpy(tree.tokens).unsqueeze(0).to(self.device),

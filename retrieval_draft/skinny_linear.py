@@ -6,8 +6,9 @@ reads SmolLM2-135M's weights at about half that speed: a forward over 8 new
 tokens spent 45 ms in ``aten::mm`` against 21 ms for 1 token. ``skinny_matmul``
 streams each weight row once and multiplies it with every input row while
 it sits in L1: 2 input rows by 4 weight rows per inner loop, split over
-threads by weight rows. ``skinny_linears(model, rows)`` routes a model's
-float32 ``nn.Linear`` layers through it for one forward on CPU.
+threads by weight rows. ``skinny_linears(linears)`` routes a model's
+float32 ``nn.Linear`` layers through it for one forward on CPU; the sizes that
+use it are measured per model with the cost curve (``VerifyCost.skinny_sizes``).
 
 Results differ from MKL's by float32 rounding only (summation order); the
 engine's outputs are still checked against HF greedy token for token.
@@ -22,8 +23,9 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-# Tree sizes that take the kernel. On the 2-core AVX-512 Xeon here, for SmolLM2-135M's 211 weight
-# matrices: 1-3 rows MKL 21-23 ms, kernel 19-24 ms; 4 rows 36 vs 27 ms; 8 rows 45 vs 33 ms; 16 rows 51 vs 49 ms.
+# Tree sizes that may take the kernel (``cost.measure_cost`` times each probed size both ways and
+# keeps the faster). On the 2-core AVX-512 Xeon here, for SmolLM2-135M's 211 weight matrices:
+# 1-3 rows MKL 21-23 ms, kernel 19-24 ms; 4 rows 36 vs 27 ms; 8 rows 45 vs 33 ms; 16 rows 51 vs 49 ms.
 SKINNY_ROWS = range(4, 17)
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from retrieval_draft.cost import kernel_sizes, measure_cost
 from retrieval_draft.model_adapter import TreeModel
 from retrieval_draft.skinny_linear import eligible_linears, skinny_linear, skinny_linears, skinny_matmul
 from retrieval_draft.tree import DraftTree
@@ -68,3 +69,18 @@ def test_tree_forward_with_kernel_matches_plain_linear():
     plain._skinny = []
     plain.prefill(prompt)
     torch.testing.assert_close(fast.score_tree(tree), plain.score_tree(tree), rtol=1e-4, atol=1e-5)
+
+
+def test_kernel_sizes_follow_the_nearest_probe_below():
+    wins = {4: True, 6: False, 8: True, 12: True, 16: False}
+    assert kernel_sizes(wins) == frozenset({4, 5, 8, 9, 10, 11, 12, 13, 14, 15})
+    assert kernel_sizes({}) == frozenset()
+
+
+def test_measured_cost_picks_the_path_per_size_and_tree_model_obeys():
+    model = make_tiny_llama(seed=5)
+    cost = measure_cost(model, sizes=(1, 4, 8), cache_len=16, repeats=1)
+    assert cost.skinny_sizes is not None and cost.skinny_sizes <= frozenset(range(4, 17))
+    tree_model = TreeModel(model, skinny_sizes=frozenset({5}))
+    assert tree_model.skinny_sizes == frozenset({5})
+    assert TreeModel(model).skinny_sizes == frozenset(range(4, 17))
