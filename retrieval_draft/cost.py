@@ -89,13 +89,13 @@ def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PRO
     times, kernel_wins = [], {}
     for size in sizes:
         tree_model.skinny_sizes = frozenset()
-        plain = _time_chain(tree_model, size, rng, repeats)
+        best = _time_chain(tree_model, size, rng, repeats)
         if kernel_possible and size in SKINNY_ROWS:
             tree_model.skinny_sizes = frozenset([size])
             kernel = _time_chain(tree_model, size, rng, repeats)
-            kernel_wins[size] = kernel < plain
-            plain = min(plain, kernel)
-        times.append(plain)
+            kernel_wins[size] = kernel < best
+            best = min(best, kernel)
+        times.append(best)
     chosen = kernel_sizes(kernel_wins) if kernel_possible else None
     return VerifyCost.from_points(sizes, times, max_nodes=max(sizes), skinny_sizes=chosen)
 

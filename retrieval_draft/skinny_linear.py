@@ -17,6 +17,7 @@ engine's outputs are still checked against HF greedy token for token.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 
 import numba
 import numpy as np
@@ -133,20 +134,16 @@ def skinny_linears(linears: list[torch.nn.Linear]):
 
     The kernel runs on as many threads as torch is set to use (``torch.set_num_threads``).
     """
+    if not linears:  # the common case in the decode loop: nothing to switch
+        yield
+        return
     threads = numba.get_num_threads()
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
     for module in linears:
-        module.forward = _bound(module)
+        module.forward = partial(skinny_linear, module)
     try:
         yield
     finally:
         for module in linears:
             del module.forward
         numba.set_num_threads(threads)
-
-
-def _bound(module: torch.nn.Linear):
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return skinny_linear(module, x)
-
-    return forward
