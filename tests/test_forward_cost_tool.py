@@ -1,0 +1,40 @@
+"""tools/forward_cost.py: each variant switches off what it names, and the tables fill."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from forward_cost import VARIANTS, forward_table, markdown, matmul_table, prepared  # noqa: E402
+
+from retrieval_draft.kv_cache import GrowingLayer  # noqa: E402
+
+from .conftest import make_tiny_llama, random_prompt  # noqa: E402
+
+
+def test_variants_switch_off_what_they_name():
+    model = make_tiny_llama()
+    prompt = random_prompt(0)
+    stock = prepared(model, prompt, "stock")
+    ours = prepared(model, prompt, "all")
+    assert all(type(layer) is DynamicLayer for layer in stock.cache.layers)
+    assert all(isinstance(layer, GrowingLayer) for layer in ours.cache.layers)
+    for mine, theirs in zip(ours.cache.layers, stock.cache.layers):
+        assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+    assert stock._sdpa_configs == [] and prepared(model, prompt, "+kv_cache")._sdpa_configs == []
+    assert prepared(model, prompt, "+attention")._sdpa_configs and ours._sdpa_configs
+    assert prepared(model, prompt, "+attention").skinny_sizes == frozenset() and ours.skinny_sizes
+
+
+def test_tables_cover_every_variant_and_size():
+    model = make_tiny_llama()
+    forward = forward_table(model, contexts=[20], sizes=[1, 4], rounds=1, runs=1)
+    matmul = matmul_table(model, rows_list=[1, 4], runs=1)
+    assert set(forward[20]) == set(VARIANTS)
+    assert all(0 < ms < 10_000 for table in forward[20].values() for ms in table.values())
+    assert set(matmul) == {1, 4} and all(t["mkl"] > 0 and t["kernel"] > 0 for t in matmul.values())
+    assert "| 20 | stock |" in markdown(forward, matmul, [1, 4])
