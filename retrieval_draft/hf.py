@@ -10,6 +10,7 @@ they appear in this function's signature.
 
 from __future__ import annotations
 
+import weakref
 from typing import Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from retrieval_draft.cost import CostCache
 from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.engine import DecodeOptions, DecodeStats, speculative_decode
 from retrieval_draft.errors import InvalidInputError
@@ -27,6 +29,11 @@ from retrieval_draft.planner import TreePlanner
 # Forward-cost curves are a property of (model, machine): measured once per
 # live model and process, then reused by every call (weakly keyed: no leak).
 MEASURED_COSTS = CostCache()
+
+# Learning from outputs: each live model's earlier prompts and outputs in this
+# process, which the default drafters copy from (bounded by
+# ``HistoryDrafter.max_tokens``, 4 MB; weakly keyed, so it goes with the model).
+OUTPUT_HISTORIES: "weakref.WeakKeyDictionary[torch.nn.Module, HistoryDrafter]" = weakref.WeakKeyDictionary()
 
 
 def generate(
@@ -40,6 +47,7 @@ def generate(
     drafters: Sequence[Drafter] | None = None,
     datastore: str | None = None,
     draft_tokenizer=None,
+    draft_history: bool = True,
     tree_budget: int = 32,
     max_draft_len: int = 32,
     adaptive_tree: bool = True,
@@ -56,6 +64,9 @@ def generate(
             datastore's drafters when ``datastore`` is given.
         datastore: path of a datastore built by ``retrieval-draft build``.
         draft_tokenizer: the tokenizer in use, to check the datastore's fingerprint.
+        draft_history: with the default drafters, also draft from this model's
+            earlier prompts and outputs in this process (``output_history``), and
+            add this call's to them. Ignored when ``drafters`` is given.
         tree_budget: most draft nodes per verification tree.
         max_draft_len: deepest draft path.
         adaptive_tree: size each tree by the measured forward cost and the
@@ -84,7 +95,12 @@ def generate(
         max_draft_len=max_draft_len,
         do_sample=bool(generation_config.do_sample),
     )
-    chosen = list(drafters) if drafters is not None else default_drafters(datastore, model, draft_tokenizer)
+    if drafters is not None:
+        chosen = list(drafters)
+    else:
+        chosen = default_drafters(datastore, model, draft_tokenizer)
+        if draft_history:
+            chosen.append(output_history(model))
     generator = None
     if options.do_sample:
         generator = torch.Generator(device="cpu")
@@ -127,6 +143,19 @@ def default_drafters(datastore: str | None, model, tokenizer=None) -> list[Draft
 
         chosen.extend(datastore_drafters(datastore, vocab_size=model.config.vocab_size, tokenizer=tokenizer))
     return chosen
+
+
+def output_history(model) -> HistoryDrafter:
+    """The output history the default drafters share for ``model`` in this process (created on first use).
+
+    Calls are not synchronised: two generations running at once with one model
+    may pair a prompt with the other's output in the history. That changes
+    which drafts are offered, never what is generated.
+    """
+    history = OUTPUT_HISTORIES.get(model)
+    if history is None:
+        history = OUTPUT_HISTORIES[model] = HistoryDrafter()
+    return history
 
 
 def _extra_stop_check(stopping_criteria):

@@ -1,0 +1,74 @@
+"""The plugin's default drafters learn from the model's earlier outputs in this process."""
+
+import gc
+import weakref
+
+import torch
+
+import retrieval_draft
+from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
+from retrieval_draft.engine import DecodeStats
+from retrieval_draft.hf import OUTPUT_HISTORIES, output_history
+from tests.conftest import make_tiny_llama, random_prompt
+
+NEW_TOKENS = 40
+
+
+def plugin(model, prompt, **kwargs) -> tuple[torch.Tensor, DecodeStats]:
+    stats = DecodeStats()
+    out = model.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        custom_generate=retrieval_draft.generate,
+        draft_stats=stats,
+        **kwargs,
+    )
+    return out, stats
+
+
+def hf_greedy(model, prompt) -> torch.Tensor:
+    return model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW_TOKENS, do_sample=False)
+
+
+def test_a_repeated_request_is_drafted_from_the_first_ones_output():
+    model = make_tiny_llama(seed=11)
+    prompt = random_prompt(5)
+    first, first_stats = plugin(model, prompt)
+    history = output_history(model)
+    assert history.size == first.shape[1] + 1  # prompt, output and one separator
+    second, second_stats = plugin(model, prompt)
+    expected = hf_greedy(model, prompt)
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+    assert first_stats.mean_accepted < 1.5
+    assert second_stats.mean_accepted > 3.0
+    assert history.size == 2 * (first.shape[1] + 1)
+
+
+def test_draft_history_false_neither_reads_nor_grows_the_history():
+    model = make_tiny_llama(seed=12)
+    prompt = random_prompt(6)
+    plugin(model, prompt)
+    size = output_history(model).size
+    out, off = plugin(model, prompt, draft_history=False)
+    assert torch.equal(out, hf_greedy(model, prompt))
+    assert output_history(model).size == size
+    _, on = plugin(model, prompt)
+    assert on.mean_accepted > off.mean_accepted + 1.0
+
+
+def test_explicit_drafters_leave_the_history_out():
+    model = make_tiny_llama(seed=13)
+    plugin(model, random_prompt(7), drafters=[PromptLookupDrafter()])
+    assert model not in OUTPUT_HISTORIES
+
+
+def test_the_history_goes_with_its_model():
+    model = make_tiny_llama(seed=14)
+    plugin(model, random_prompt(8))
+    history = weakref.ref(output_history(model))
+    assert history().size > 0
+    del model
+    gc.collect()
+    assert history() is None
