@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -27,11 +27,13 @@ def fsync_path(path: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_path(final: Path) -> Iterator[Path]:
-    """Yield a temp path next to ``final``; on success fsync it and rename it to ``final``."""
+    """Yield a temp path next to ``final``; on success fsync it and rename it to ``final``.
+
+    The temp file is created with the permissions a plain ``open`` would give
+    (0o666 less the umask), so the renamed file is as readable as any other.
+    """
     final = Path(final)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = _create_fresh(final.parent, f".{final.name}.", ".tmp", directory=False)
     try:
         yield tmp
         fsync_path(tmp)
@@ -52,7 +54,7 @@ def temp_dir_next_to(out: Path) -> Path:
     """A fresh empty directory in ``out``'s parent (same filesystem, so rename is atomic)."""
     out = Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    return _create_fresh(out.parent, f".{out.name}.building-", "", directory=True)
 
 
 def swap_into_place(new_dir: Path, out: Path) -> None:
@@ -66,10 +68,30 @@ def swap_into_place(new_dir: Path, out: Path) -> None:
     fsync_path(new_dir)
     old = None
     if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        old = _create_fresh(out.parent, f".{out.name}.old-", "", directory=True)
         os.rmdir(old)
         os.replace(out, old)
     os.replace(new_dir, out)
     fsync_path(out.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _create_fresh(parent: Path, prefix: str, suffix: str, directory: bool) -> Path:
+    """Create a new, uniquely named empty file or directory in ``parent``.
+
+    Unlike ``tempfile.mkstemp``/``mkdtemp`` (always 0o600/0o700), the kernel
+    applies the process umask to 0o666/0o777, as for any file the user creates,
+    so a datastore built by one account can be shared with others.
+    """
+    for _ in range(100):
+        path = Path(parent) / f"{prefix}{secrets.token_hex(6)}{suffix}"
+        try:
+            if directory:
+                os.mkdir(path, 0o777)
+            else:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name for {prefix}* in {parent}")

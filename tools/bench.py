@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 import torch  # noqa: E402
+from datastore.atomic import atomic_write_bytes  # noqa: E402
 
 from bench_report import load_average, machine_info, markdown, per_prompt, plot, summarize  # noqa: E402
 from bench_systems import SYSTEMS, RunSetup, prefill_seconds, run_system, unavailable_reason  # noqa: E402
@@ -307,9 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     report = markdown(result)
     print(report)
     if args.markdown:
-        Path(args.markdown).write_text(report, encoding="utf-8")
+        atomic_write_bytes(Path(args.markdown), report.encode("utf-8"))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        atomic_write_bytes(Path(args.json), (json.dumps(result, indent=1) + "\n").encode("utf-8"))
     if args.png:
         plot(result, args.png)
     identical = [r["identical"] for r in result["runs"] if r["identical"] is not None]

@@ -248,7 +248,10 @@ def plot(result: dict, path: str) -> None:
     ax.set_title(f"{result['config']['model_short']}, {m['cores']} cores, {m['torch_threads']} threads", fontsize=9)
     ax.legend(fontsize=7, ncol=min(len(systems), 4), loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from datastore.atomic import atomic_path
+
+    with atomic_path(Path(path)) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -256,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     """Re-render a saved JSON result: ``python tools/bench_report.py RESULT.json [--markdown P] [--png P]``."""
     import argparse
     import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+    from datastore.atomic import atomic_write_bytes
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("result", help="JSON written by tools/bench.py --json")
@@ -265,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     result = json.loads(Path(args.result).read_text(encoding="utf-8"))
     report = markdown(result)
     if args.markdown:
-        Path(args.markdown).write_text(report, encoding="utf-8")
+        atomic_write_bytes(Path(args.markdown), report.encode("utf-8"))
     else:
         print(report)
     if args.png:

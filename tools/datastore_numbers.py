@@ -25,6 +25,8 @@ REPEATS = 3
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from datastore.atomic import atomic_write_bytes  # noqa: E402
+
 BUILD_CODE = """
 import json, resource, sys, time
 from pathlib import Path
@@ -146,7 +148,7 @@ def main() -> None:
     rows = [measure(name, sources, args.out / name) for name, sources in corpora]
     print_table(rows)
     target = args.json or args.out / "numbers.json"
-    target.write_text(json.dumps(rows, indent=2))
+    atomic_write_bytes(target, (json.dumps(rows, indent=2) + "\n").encode())
     print(f"wrote {target}")
 
 

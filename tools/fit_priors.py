@@ -28,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from datastore.atomic import atomic_write_bytes  # noqa: E402
 from retrieval_draft.drafters.tail_match import MATCH_LENGTH_BANDS, tail_matches  # noqa: E402
 
 HELD_OUT_TASKS = range(40, 52)  # HumanEval problems in the benchmark's shuffle; the bench uses the first few
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         refs = greedy_references(args.max_new_tokens)
         if args.refs is not None:
-            args.refs.write_text(json.dumps(refs))
+            atomic_write_bytes(args.refs, json.dumps(refs).encode())
     table = acceptance_by_match_length(refs)
     print("| match length from | first token: rate (tried) | later token: rate (tried) |")
     print("|---:|---:|---:|")
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {table['next_rate'][i]:.2f} ({table['next_tried'][i]}) |"
         )
     if args.json is not None:
-        args.json.write_text(json.dumps(table, indent=2) + "\n")
+        atomic_write_bytes(args.json, (json.dumps(table, indent=2) + "\n").encode())
     return 0
 
 
