@@ -28,10 +28,12 @@ from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.planner import TreePlanner
 from retrieval_draft.tree import DraftTree
 
-# ms per forward over k new tokens after a 256-token cache, SmolLM2-135M, 2 cores, torch 2.13.
+# ms per forward over k new tokens after a 256-token cache, SmolLM2-135M, 2 cores, torch 2.13,
+# with the in-place KV cache, grouped tree attention and the skinny matmul for 4-15 nodes
+# (``retrieval_draft.cost.measure_cost``, 5 repeats, 2026-11-22).
 DEFAULT_CURVE = VerifyCost.from_points(
     (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
-    np.array((36.5, 39.5, 44.3, 59.2, 61.3, 68.8, 82.9, 82.9, 88.3, 95.7, 107.6, 135.2)) / 1000,
+    np.array((31.6, 32.4, 34.7, 42.4, 46.5, 52.0, 60.2, 68.1, 77.8, 84.5, 99.4, 123.9)) / 1000,
 )
 STEP_OVERHEAD_S = 0.0012  # drafting and bookkeeping per step, measured by the bench's drafting share
 
