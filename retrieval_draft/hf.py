@@ -30,10 +30,12 @@ from retrieval_draft.planner import TreePlanner
 # live model and process, then reused by every call (weakly keyed: no leak).
 MEASURED_COSTS = CostCache()
 
-# Learning from outputs: each live model's earlier prompts and outputs in this
-# process, which the default drafters copy from (bounded by
-# ``HistoryDrafter.max_tokens``, 4 MB; weakly keyed, so it goes with the model).
+# Learning across calls, per live model (weakly keyed, so it goes with the model):
+# its earlier prompts and outputs in this process, which the default drafters
+# copy from (bounded by ``HistoryDrafter.max_tokens``, 4 MB), and the acceptance
+# rates its planners observed, greedy and sampling apart (a few KB).
 OUTPUT_HISTORIES: "weakref.WeakKeyDictionary[torch.nn.Module, HistoryDrafter]" = weakref.WeakKeyDictionary()
+LEARNED_RATES: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
 def generate(
@@ -47,7 +49,7 @@ def generate(
     drafters: Sequence[Drafter] | None = None,
     datastore: str | None = None,
     draft_tokenizer=None,
-    draft_history: bool = True,
+    draft_learning: bool = True,
     tree_budget: int = 32,
     max_draft_len: int = 32,
     adaptive_tree: bool = True,
@@ -64,9 +66,11 @@ def generate(
             datastore's drafters when ``datastore`` is given.
         datastore: path of a datastore built by ``retrieval-draft build``.
         draft_tokenizer: the tokenizer in use, to check the datastore's fingerprint.
-        draft_history: with the default drafters, also draft from this model's
-            earlier prompts and outputs in this process (``output_history``), and
-            add this call's to them. Ignored when ``drafters`` is given.
+        draft_learning: learn across this process's calls with this model: start
+            the tree planner from the acceptance rates earlier calls observed
+            (``learned_rates``), and with the default drafters also draft from
+            earlier prompts and outputs (``output_history``). Outputs never
+            depend on it; False makes every call start afresh.
         tree_budget: most draft nodes per verification tree.
         max_draft_len: deepest draft path.
         adaptive_tree: size each tree by the measured forward cost and the
@@ -99,7 +103,7 @@ def generate(
         chosen = list(drafters)
     else:
         chosen = default_drafters(datastore, model, draft_tokenizer)
-        if draft_history:
+        if draft_learning:
             chosen.append(output_history(model))
     generator = None
     if options.do_sample:
@@ -110,7 +114,8 @@ def generate(
         generator.manual_seed(seed)
     if draft_streamer is not None:
         draft_streamer.put(input_ids.cpu())
-    planner = draft_planner or make_planner(model, tree_budget, adaptive_tree)
+    rates = learned_rates(model, options.do_sample) if draft_learning else None
+    planner = draft_planner or make_planner(model, tree_budget, adaptive_tree, rates)
     measured = planner.cost.skinny_sizes if planner.cost is not None else None
     new, stats = speculative_decode(
         TreeModel(model, skinny_sizes=measured),
@@ -130,9 +135,11 @@ def generate(
     return torch.cat([input_ids, torch.from_numpy(new).to(input_ids.device)[None]], dim=1)
 
 
-def make_planner(model, tree_budget: int, adaptive: bool) -> TreePlanner:
-    """A tree planner: cost-aware when ``adaptive`` (curve measured once per model), else fixed size."""
-    return TreePlanner(max_nodes=tree_budget, cost=MEASURED_COSTS.get(model) if adaptive else None)
+def make_planner(model, tree_budget: int, adaptive: bool, calibrators: dict | None = None) -> TreePlanner:
+    """A tree planner: cost-aware when ``adaptive`` (curve measured once per model), else fixed size;
+    ``calibrators`` as for ``TreePlanner``."""
+    cost = MEASURED_COSTS.get(model) if adaptive else None
+    return TreePlanner(max_nodes=tree_budget, cost=cost, calibrators=calibrators)
 
 
 def default_drafters(datastore: str | None, model, tokenizer=None) -> list[Drafter]:
@@ -156,6 +163,16 @@ def output_history(model) -> HistoryDrafter:
     if history is None:
         history = OUTPUT_HISTORIES[model] = HistoryDrafter()
     return history
+
+
+def learned_rates(model, sampling: bool) -> dict:
+    """Drafter name -> ``AcceptanceCalibrator`` shared by this process's calls with ``model``.
+
+    Greedy and sampling calls keep separate rates: sampling accepts fewer
+    draft tokens. Counts decay every step (``AcceptanceCalibrator.decay``), so
+    the rates follow a change of workload within a few hundred steps.
+    """
+    return LEARNED_RATES.setdefault(model, {}).setdefault(bool(sampling), {})
 
 
 def _extra_stop_check(stopping_criteria):

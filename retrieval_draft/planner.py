@@ -29,14 +29,23 @@ class TreePlanner:
         max_nodes: most draft nodes in a tree (root excluded).
         cost: forward time by tree size; None means always ``max_nodes``.
         overhead_decay: smoothing of the measured per-step drafting time.
+        calibrators: drafter name -> calibrator, shared with whoever passes the
+            same dict (the plugin keeps one per model, so each call starts from
+            the rates earlier calls observed); None starts from the priors.
     """
 
-    def __init__(self, max_nodes: int = 32, cost: VerifyCost | None = None, overhead_decay: float = 0.9) -> None:
+    def __init__(
+        self,
+        max_nodes: int = 32,
+        cost: VerifyCost | None = None,
+        overhead_decay: float = 0.9,
+        calibrators: dict[str, AcceptanceCalibrator] | None = None,
+    ) -> None:
         if max_nodes < 0:
             raise ValueError("max_nodes must be >= 0")
         self.max_nodes = max_nodes
         self.cost = cost
-        self.calibrators: dict[str, AcceptanceCalibrator] = {}
+        self.calibrators: dict[str, AcceptanceCalibrator] = calibrators if calibrators is not None else {}
         self.overhead_decay = overhead_decay
         self.overhead_s = 0.0
 

@@ -74,6 +74,7 @@ class System:
     drafters: Callable[[RunSetup], list[Drafter]] | None
     hf_kwargs: dict
     needs_history: bool = False
+    plugin_options: dict | None = None  # extra keyword arguments for our plugin
 
 
 def _prompt(setup: RunSetup) -> list[Drafter]:
@@ -113,6 +114,10 @@ SYSTEMS: dict[str, System] = {
             {"prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS},
         ),
         System("prompt", "ours: prompt lookup", False, False, _prompt, {}),
+        System(
+            "prompt_fresh", "ours: prompt lookup, no learning across calls", False, False, _prompt, {},
+            plugin_options={"draft_learning": False},
+        ),
         System("ngram", "ours: n-gram table", True, False, _ngram, {}),
         System("suffix", "ours: suffix index", True, False, _suffix, {}),
         System("all", "ours: all drafters", True, False, _all, {}),
@@ -138,6 +143,7 @@ def run_system(system: System, setup: RunSetup) -> RunResult:
         kwargs = {
             **common,
             **setup.plugin_kwargs,
+            **(system.plugin_options or {}),
             "custom_generate": plugin_generate,
             "drafters": system.drafters(setup),
             "draft_stats": stats,

@@ -1,4 +1,4 @@
-"""The plugin's default drafters learn from the model's earlier outputs in this process."""
+"""The plugin learns across calls with one model: its outputs become drafts, its acceptance rates carry over."""
 
 import gc
 import weakref
@@ -8,7 +8,7 @@ import torch
 import retrieval_draft
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.engine import DecodeStats
-from retrieval_draft.hf import OUTPUT_HISTORIES, output_history
+from retrieval_draft.hf import OUTPUT_HISTORIES, learned_rates, output_history
 from tests.conftest import make_tiny_llama, random_prompt
 
 NEW_TOKENS = 40
@@ -16,11 +16,11 @@ NEW_TOKENS = 40
 
 def plugin(model, prompt, **kwargs) -> tuple[torch.Tensor, DecodeStats]:
     stats = DecodeStats()
+    kwargs = {"do_sample": False, **kwargs}
     out = model.generate(
         prompt,
         attention_mask=torch.ones_like(prompt),
         max_new_tokens=NEW_TOKENS,
-        do_sample=False,
         custom_generate=retrieval_draft.generate,
         draft_stats=stats,
         **kwargs,
@@ -46,12 +46,12 @@ def test_a_repeated_request_is_drafted_from_the_first_ones_output():
     assert history.size == 2 * (first.shape[1] + 1)
 
 
-def test_draft_history_false_neither_reads_nor_grows_the_history():
+def test_draft_learning_false_neither_reads_nor_grows_the_history():
     model = make_tiny_llama(seed=12)
     prompt = random_prompt(6)
     plugin(model, prompt)
     size = output_history(model).size
-    out, off = plugin(model, prompt, draft_history=False)
+    out, off = plugin(model, prompt, draft_learning=False)
     assert torch.equal(out, hf_greedy(model, prompt))
     assert output_history(model).size == size
     _, on = plugin(model, prompt)
@@ -72,3 +72,32 @@ def test_the_history_goes_with_its_model():
     del model
     gc.collect()
     assert history() is None
+
+
+def graded(model, sampling: bool) -> float:
+    """Draft tokens graded so far (decayed) by the shared prompt-lookup calibrator."""
+    rates = learned_rates(model, sampling)
+    return float(rates["prompt"].trials.sum()) if "prompt" in rates else 0.0
+
+
+def test_each_call_starts_from_the_rates_earlier_calls_observed():
+    model = make_tiny_llama(seed=15)
+    prompt = random_prompt(9, repeat=3)  # repeats: prompt lookup drafts, so there is something to grade
+    plugin(model, prompt)
+    after_one = graded(model, sampling=False)
+    assert after_one > 0
+    calibrator = learned_rates(model, False)["prompt"]
+    out, _ = plugin(model, prompt, drafters=[PromptLookupDrafter()])  # explicit drafters learn too
+    assert torch.equal(out, hf_greedy(model, prompt))
+    assert learned_rates(model, False)["prompt"] is calibrator  # the same object, updated in place
+    assert graded(model, sampling=False) > after_one
+
+
+def test_greedy_and_sampling_rates_are_kept_apart_and_opting_out_touches_neither():
+    model = make_tiny_llama(seed=16)
+    prompt = random_prompt(10, repeat=3)
+    plugin(model, prompt, draft_learning=False)
+    assert graded(model, sampling=False) == 0.0
+    plugin(model, prompt, do_sample=True, temperature=0.8, draft_seed=0)
+    assert graded(model, sampling=True) > 0
+    assert graded(model, sampling=False) == 0.0
