@@ -114,8 +114,10 @@ def generate(
         generator.manual_seed(seed)
     if draft_streamer is not None:
         draft_streamer.put(input_ids.cpu())
-    rates = learned_rates(model, options.do_sample) if draft_learning else None
-    planner = draft_planner or make_planner(model, tree_budget, adaptive_tree, rates)
+    planner = draft_planner
+    if planner is None:
+        rates = learned_rates(model, options.do_sample) if draft_learning else None
+        planner = make_planner(model, tree_budget, adaptive_tree, rates)
     measured = planner.cost.skinny_sizes if planner.cost is not None else None
     new, stats = speculative_decode(
         TreeModel(model, skinny_sizes=measured),
@@ -170,7 +172,9 @@ def learned_rates(model, sampling: bool) -> dict:
 
     Greedy and sampling calls keep separate rates: sampling accepts fewer
     draft tokens. Counts decay every step (``AcceptanceCalibrator.decay``), so
-    the rates follow a change of workload within a few hundred steps.
+    the rates follow a change of workload within a few hundred steps. Like
+    ``output_history``, not synchronised: concurrent calls may interleave
+    their updates, which changes tree sizes, never outputs.
     """
     return LEARNED_RATES.setdefault(model, {}).setdefault(bool(sampling), {})
 
