@@ -7,7 +7,10 @@
 Per prompt, every system runs in turn (order rotated between repeats and
 prompts) on the same prompt ids. Under greedy decoding HF runs first in the
 first repeat: its output is the reference for the identical-to-greedy check
-and for the oracle. Model loading and warm-up are outside every timing. The markdown table goes to
+and for the oracle. Model loading and warm-up are outside every timing. Our
+systems keep the plugin's default learning across calls: each run starts from
+the acceptance rates the runs before it observed (outputs and their histories
+never pass between runs); ``prompt_fresh`` turns that off for comparison. The markdown table goes to
 stdout, progress to stderr. See ``bench_report`` for the metric definitions;
 ``python tools/bench_report.py RESULT.json`` re-renders a saved run.
 
