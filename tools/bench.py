@@ -10,8 +10,9 @@ first repeat: its output is the reference for the identical-to-greedy check
 and for the oracle. Model loading and warm-up are outside every timing. Our
 systems keep the plugin's default learning across calls: each run starts from
 the acceptance rates the runs before it observed (outputs and their histories
-never pass between runs); ``prompt_fresh`` turns that off for comparison. The markdown table goes to
-stdout, progress to stderr. See ``bench_report`` for the metric definitions;
+never pass between runs); ``prompt_fresh`` turns that off for comparison.
+The markdown table goes to stdout, progress to stderr. See ``bench_report``
+for the metric definitions;
 ``python tools/bench_report.py RESULT.json`` re-renders a saved run.
 
 Time on an idle 2-core CPU (SmolLM2-135M): --quick ~1 minute, full (8 prompts
