@@ -97,6 +97,10 @@ def _history(setup: RunSetup) -> list[Drafter]:
     return [PromptLookupDrafter(), HistoryDrafter.load(setup.history, vocab_size=setup.model.config.vocab_size)]
 
 
+def _all_history(setup: RunSetup) -> list[Drafter]:
+    return [*_all(setup), *_history(setup)[1:]]
+
+
 def _oracle(setup: RunSetup) -> list[Drafter]:
     return [OracleDrafter(setup.reference)]
 
@@ -122,6 +126,9 @@ SYSTEMS: dict[str, System] = {
         System("suffix", "ours: suffix index", True, False, _suffix, {}),
         System("all", "ours: all drafters", True, False, _all, {}),
         System("history", "ours: prompt lookup + warm history", False, False, _history, {}, needs_history=True),
+        System(
+            "all_history", "ours: all drafters + warm history", True, False, _all_history, {}, needs_history=True
+        ),
         System("oracle", "ours: oracle (ceiling)", False, True, _oracle, {}),
     )
 }
