@@ -89,10 +89,10 @@ def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PRO
     times, kernel_wins = [], {}
     for size in sizes:
         tree_model.skinny_sizes = frozenset()
-        best = _time_chain(tree_model, size, rng, repeats)
+        best = time_chain(tree_model, size, rng, repeats)
         if kernel_possible and size in SKINNY_ROWS:
             tree_model.skinny_sizes = frozenset([size])
-            kernel = _time_chain(tree_model, size, rng, repeats)
+            kernel = time_chain(tree_model, size, rng, repeats)
             kernel_wins[size] = kernel < best
             best = min(best, kernel)
         times.append(best)
@@ -110,8 +110,9 @@ def kernel_sizes(kernel_wins: dict[int, bool]) -> frozenset:
     return frozenset(chosen)
 
 
-def _time_chain(tree_model, size: int, rng: np.random.Generator, repeats: int) -> float:
-    """Median seconds of ``repeats`` forwards over a ``size``-token chain (after one warm-up)."""
+def time_chain(tree_model, size: int, rng: np.random.Generator, repeats: int, warmups: int = 1) -> float:
+    """Median seconds of ``repeats`` forwards over a random ``size``-token chain, after ``warmups``
+    untimed ones; the cache is trimmed back to one new row after each."""
     from retrieval_draft.tree import DraftTree
 
     chain = DraftTree(
@@ -121,14 +122,14 @@ def _time_chain(tree_model, size: int, rng: np.random.Generator, repeats: int) -
         probs=np.ones(size),
     )
     samples = []
-    for _ in range(repeats + 1):  # the first run warms up
+    for _ in range(warmups + repeats):
         started = time.perf_counter()
         tree_model.score_tree(chain)
         if tree_model.device.type == "cuda":
             torch.cuda.synchronize(tree_model.device)
         samples.append(time.perf_counter() - started)
         tree_model.keep(np.zeros(1, dtype=np.int64))
-    return float(np.median(samples[1:]))
+    return float(np.median(samples[warmups:]))
 
 
 class CostCache:

@@ -93,12 +93,16 @@ def _all(setup: RunSetup) -> list[Drafter]:
     return [PromptLookupDrafter(), setup.datastore["ngram"], setup.datastore["suffix"]]
 
 
+def _warm_history(setup: RunSetup) -> HistoryDrafter:
+    return HistoryDrafter.load(setup.history, vocab_size=setup.model.config.vocab_size)
+
+
 def _history(setup: RunSetup) -> list[Drafter]:
-    return [PromptLookupDrafter(), HistoryDrafter.load(setup.history, vocab_size=setup.model.config.vocab_size)]
+    return [PromptLookupDrafter(), _warm_history(setup)]
 
 
 def _all_history(setup: RunSetup) -> list[Drafter]:
-    return [*_all(setup), *_history(setup)[1:]]
+    return [*_all(setup), _warm_history(setup)]
 
 
 def _oracle(setup: RunSetup) -> list[Drafter]:

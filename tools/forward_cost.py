@@ -26,10 +26,10 @@ import torch  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
 from datastore.atomic import atomic_write_bytes  # noqa: E402
+from retrieval_draft.cost import time_chain  # noqa: E402
 from retrieval_draft.model_adapter import TreeModel  # noqa: E402
 from retrieval_draft.models import load_model  # noqa: E402
 from retrieval_draft.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linear  # noqa: E402
-from retrieval_draft.tree import DraftTree  # noqa: E402
 
 VARIANTS = ("stock", "+kv_cache", "+attention", "all")
 
@@ -54,26 +54,8 @@ def prepared(model, prompt: torch.Tensor, variant: str) -> TreeModel:
     return tree_model
 
 
-def time_forward(tree_model: TreeModel, size: int, rng: np.random.Generator, runs: int) -> float:
-    """Median ms of ``runs`` forwards over a ``size``-token chain (two warm-ups); keeps one row each time."""
-    chain = DraftTree(
-        tokens=rng.integers(0, tree_model.model.config.vocab_size, size=size),
-        parents=np.arange(-1, size - 1),
-        depths=np.arange(size),
-        probs=np.ones(size),
-    )
-    samples = []
-    for run in range(runs + 2):
-        started = time.perf_counter()
-        tree_model.score_tree(chain)
-        if run >= 2:
-            samples.append(time.perf_counter() - started)
-        tree_model.keep(np.zeros(1, dtype=np.int64))
-    return float(np.median(samples) * 1000)
-
-
 def forward_table(model, contexts, sizes, rounds, runs) -> dict:
-    """{context: {variant: {k: best-of-rounds median ms}}}."""
+    """{context: {variant: {k: best-of-rounds median ms}}}; each median over ``runs`` forwards after two warm-ups."""
     rng = np.random.default_rng(0)
     result = {}
     for context in contexts:
@@ -83,7 +65,7 @@ def forward_table(model, contexts, sizes, rounds, runs) -> dict:
             for variant in VARIANTS:
                 tree_model = prepared(model, prompt, variant)
                 for size in sizes:
-                    table[variant][size] = min(table[variant][size], time_forward(tree_model, size, rng, runs))
+                    table[variant][size] = min(table[variant][size], time_chain(tree_model, size, rng, runs, warmups=2) * 1000)
         result[context] = table
     return result
 
