@@ -17,9 +17,14 @@ import math
 import os
 import platform
 import statistics
+import sys
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+
+from datastore.atomic import atomic_path, atomic_write_bytes  # noqa: E402
 
 OVERALL = "overall"
 
@@ -248,8 +253,6 @@ def plot(result: dict, path: str) -> None:
     ax.set_title(f"{result['config']['model_short']}, {m['cores']} cores, {m['torch_threads']} threads", fontsize=9)
     ax.legend(fontsize=7, ncol=min(len(systems), 4), loc="upper left")
     fig.tight_layout()
-    from datastore.atomic import atomic_path
-
     with atomic_path(Path(path)) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
@@ -259,10 +262,6 @@ def main(argv: list[str] | None = None) -> int:
     """Re-render a saved JSON result: ``python tools/bench_report.py RESULT.json [--markdown P] [--png P]``."""
     import argparse
     import json
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
-    from datastore.atomic import atomic_write_bytes
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("result", help="JSON written by tools/bench.py --json")
