@@ -32,15 +32,17 @@ def write_table(path: Path, columns: dict[str, np.ndarray]) -> None:
             writer.write_batch(batch)
 
 
-def read_table(path: Path, expected: dict[str, pa.DataType]) -> dict[str, np.ndarray]:
-    """Open ``path`` memory-mapped, run ``validate(full=True)``, check the schema, return numpy views.
+def read_table(path: Path, expected: dict[str, pa.DataType], *, full: bool = True) -> dict[str, np.ndarray]:
+    """Open ``path`` memory-mapped, validate it, check the schema, return numpy views.
 
+    ``full``: ``validate(full=True)``, which reads every value; False checks
+    only the structure (for a file whose bytes were verified before).
     Raises CorruptDatastoreError on a truncated, malformed or unexpected file.
     """
     try:
         source = pa.memory_map(str(path), "r")
         table = pa.ipc.open_file(source).read_all()
-        table.validate(full=True)
+        table.validate(full=full)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise CorruptDatastoreError(f"{path.name}: unreadable Arrow file ({exc})".splitlines()[0]) from exc
     for name, dtype in expected.items():

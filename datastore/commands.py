@@ -129,7 +129,7 @@ def cmd_inspect(args) -> int:
     if args.query:
         tokenizer = _tokenizer(args)
         ids = np.asarray(tokenizer(args.query, add_special_tokens=False)["input_ids"], dtype=np.int64)
-        for drafter in datastore_drafters(args.path, vocab_size=store.vocab_size, tokenizer=tokenizer):
+        for drafter in datastore_drafters(store, vocab_size=store.vocab_size, tokenizer=tokenizer):
             print(f"{drafter.name} continuations of {args.query!r}:")
             for draft in drafter.propose(ids, 8):
                 probs = " ".join(f"{p:.2f}" for p in draft.probs)

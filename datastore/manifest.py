@@ -67,8 +67,8 @@ def read_manifest(directory: Path) -> dict:
     return body
 
 
-def verify_files(directory: Path, manifest: dict) -> None:
-    """Check that every data file exists with the recorded size and sha256."""
+def check_sizes(directory: Path, manifest: dict) -> None:
+    """Check that every data file exists with the recorded size (cheap: no reads)."""
     files = manifest.get("files", {})
     for name in DATA_FILES:
         path = Path(directory) / name
@@ -79,5 +79,12 @@ def verify_files(directory: Path, manifest: dict) -> None:
             raise CorruptDatastoreError(f"{name}: file missing")
         if path.stat().st_size != record.get("bytes"):
             raise CorruptDatastoreError(f"{name}: size {path.stat().st_size} != {record.get('bytes')} (truncated?)")
-        if file_sha256(path) != record.get("sha256"):
+
+
+def verify_files(directory: Path, manifest: dict) -> None:
+    """Check that every data file exists with the recorded size and sha256."""
+    check_sizes(directory, manifest)
+    for name in DATA_FILES:
+        path = Path(directory) / name
+        if file_sha256(path) != manifest["files"][name].get("sha256"):
             raise CorruptDatastoreError(f"{name}: sha256 mismatch (corrupt file)")

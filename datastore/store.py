@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from datastore.arrow_io import read_table
 from datastore.layout import NGRAM, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE, separator_id, token_dtype
-from datastore.manifest import read_manifest, verify_files
+from datastore.manifest import check_sizes, read_manifest, verify_files
 from datastore.suffix_trie import key_width, load_trie
 from retrieval_draft.errors import CorruptDatastoreError, TokenIdOutOfRangeError
 
@@ -101,12 +101,23 @@ def _check_ids(name: str, ids: np.ndarray, vocab_size: int, sep: int | None) -> 
         raise TokenIdOutOfRangeError(f"{name}: id {int(ids.max())} is outside the vocabulary of size {vocab_size}")
 
 
-def _ngram_table(directory: Path, dtype: np.dtype, manifest: dict) -> NgramTable:
+def _check_values(manifest: dict, tokens, sa, ranges, ngrams: NgramTable) -> None:
+    """Full scans: positions inside the stream, every id inside the vocabulary."""
+    n = int(manifest["stats"]["tokens"])
+    if (sa.size and int(sa.max()) >= n) or (ranges["hi"].size and int(ranges["hi"].max()) > n):
+        raise CorruptDatastoreError("suffix array or ranges point past the end of the stream")
+    vocab_size = int(manifest["tokenizer"]["vocab_size"])
+    _check_ids(TOKENS, tokens, vocab_size, separator_id(tokens.dtype))
+    _check_ids(NGRAM, ngrams.context, vocab_size, None)
+    _check_ids(NGRAM, ngrams.next, vocab_size, None)
+
+
+def _ngram_table(directory: Path, dtype: np.dtype, manifest: dict, full: bool = True) -> NgramTable:
     max_order, top_k = int(manifest["params"]["max_order"]), int(manifest["params"]["top_k"])
     ids = pa.from_numpy_dtype(dtype)
     cols = read_table(directory / NGRAM, {
         "order": pa.uint8(), "context": pa.list_(ids, max_order), "next": pa.list_(ids, top_k),
-        "count": pa.list_(pa.uint32(), top_k), "total": pa.uint32()})
+        "count": pa.list_(pa.uint32(), top_k), "total": pa.uint32()}, full=full)
     order = cols["order"]
     if order.size and (np.any(np.diff(order.astype(np.int16)) < 0) or order[0] < 1 or order[-1] > max_order):
         raise CorruptDatastoreError(f"{NGRAM}: orders are not sorted within 1..{max_order}")
@@ -117,7 +128,10 @@ def _ngram_table(directory: Path, dtype: np.dtype, manifest: dict) -> NgramTable
 def open_datastore(path: str | Path, *, verify: bool = True) -> Datastore:
     """Open and validate the datastore at ``path``.
 
-    ``verify=False`` skips the sha256 pass (only for files this process just wrote).
+    ``verify=False`` skips every check that reads whole files (sha256, full
+    Arrow validation, id ranges): only for files whose exact bytes were verified
+    before (``retrieval_draft.store_cache`` keeps such records). The manifest's
+    own checksum, sizes, schemas and lengths are checked either way.
     Raises CorruptDatastoreError, UnknownFormatVersionError, TokenIdOutOfRangeError.
     """
     directory = Path(path)
@@ -125,21 +139,19 @@ def open_datastore(path: str | Path, *, verify: bool = True) -> Datastore:
     dtype = _check_storage(manifest)
     if verify:
         verify_files(directory, manifest)
+    else:
+        check_sizes(directory, manifest)
     ids = pa.from_numpy_dtype(dtype)
-    tokens = read_table(directory / TOKENS, {"token": ids})["token"]
-    sa = read_table(directory / SUFFIX_ARRAY, {"pos": pa.uint32()})["pos"]
-    ranges = read_table(directory / SUFFIX_RANGES, {"lo": pa.uint32(), "hi": pa.uint32()})
-    ngrams = _ngram_table(directory, dtype, manifest)
+    tokens = read_table(directory / TOKENS, {"token": ids}, full=verify)["token"]
+    sa = read_table(directory / SUFFIX_ARRAY, {"pos": pa.uint32()}, full=verify)["pos"]
+    ranges = read_table(directory / SUFFIX_RANGES, {"lo": pa.uint32(), "hi": pa.uint32()}, full=verify)
+    ngrams = _ngram_table(directory, dtype, manifest, full=verify)
     n = int(manifest["stats"]["tokens"])
     sep = separator_id(dtype)
     if tokens.size != n or sa.size != n or n == 0 or tokens[-1] != sep:
         raise CorruptDatastoreError(f"stream of {tokens.size} tokens / suffix array of {sa.size} != manifest {n}")
-    if (sa.size and int(sa.max()) >= n) or (ranges["hi"].size and int(ranges["hi"].max()) > n):
-        raise CorruptDatastoreError("suffix array or ranges point past the end of the stream")
-    vocab_size = int(manifest["tokenizer"]["vocab_size"])
-    _check_ids(TOKENS, tokens, vocab_size, sep)
-    _check_ids(NGRAM, ngrams.context, vocab_size, None)
-    _check_ids(NGRAM, ngrams.next, vocab_size, None)
+    if verify:
+        _check_values(manifest, tokens, sa, ranges, ngrams)
     trie = load_trie(directory / TRIE)
     if len(trie) != ranges["lo"].size:
         raise CorruptDatastoreError(f"{TRIE}: {len(trie)} keys but {ranges['lo'].size} ranges")

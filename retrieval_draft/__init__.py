@@ -8,7 +8,17 @@ model's distribution.
 
 from retrieval_draft.engine import DecodeOptions, DecodeStats, speculative_decode
 from retrieval_draft.errors import RetrievalDraftError
-from retrieval_draft.hf import generate
+from retrieval_draft.hf import generate, open_datastore
+from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
 
-__all__ = ["DecodeOptions", "DecodeStats", "RetrievalDraftError", "generate", "speculative_decode"]
+__all__ = [
+    "DecodeOptions",
+    "DecodeStats",
+    "PROCESS_MEMORY",
+    "PluginMemory",
+    "RetrievalDraftError",
+    "generate",
+    "open_datastore",
+    "speculative_decode",
+]
 __version__ = "0.1.0"

@@ -9,11 +9,22 @@ Errors we raise on purpose print as one line (``error: ...``) with exit code 2.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 
-from retrieval_draft.errors import RetrievalDraftError
+from retrieval_draft.errors import InvalidInputError, RetrievalDraftError
+
+# generate's numeric flags: (flag, argparse attribute, valid?, the rule in words); unset (None) is fine.
+_NUMBER_RULES = (
+    ("--max-new-tokens", "max_new_tokens", lambda v: v >= 1, "at least 1"),
+    ("--tree-budget", "tree_budget", lambda v: v >= 0, "at least 0"),
+    ("--max-draft-len", "max_draft_len", lambda v: v >= 1, "at least 1"),
+    ("--temperature", "temperature", lambda v: 0 < v < math.inf, "a finite number above 0"),
+    ("--top-k", "top_k", lambda v: v >= 1, "at least 1"),
+    ("--top-p", "top_p", lambda v: 0 < v <= 1, "above 0 and at most 1"),
+)
 
 
 def _add_generate(sub) -> None:
@@ -68,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_generate(args: argparse.Namespace) -> int:
     """Generate once (and, with --compare, side by side with plain HF generate)."""
+    _check_numbers(args)
     from retrieval_draft.compare import compare_with_plain
     from retrieval_draft.drafters.history import HistoryDrafter
-    from retrieval_draft.errors import InvalidInputError
     from retrieval_draft.session import GenerationRequest, load_session
 
     prompt = args.prompt if args.prompt is not None else open(args.prompt_file, encoding="utf-8").read()
@@ -111,6 +122,14 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.history:
         session.history.save(args.history, tokenizer=session.tokenizer)
     return 0
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Raise InvalidInputError for the first out-of-range number, before anything is loaded."""
+    for flag, name, valid, rule in _NUMBER_RULES:
+        value = getattr(args, name)
+        if value is not None and not valid(value):
+            raise InvalidInputError(f"{flag} must be {rule}, got {value}")
 
 
 def _stats_line(stats: dict) -> str:

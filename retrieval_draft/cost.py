@@ -3,7 +3,7 @@
 On a CPU one forward over 16 new tokens costs about two single-token
 forwards, on a GPU hardly more than one; so the tree size that maximises
 accepted tokens per second depends on the device. ``VerifyCost`` measures
-the curve once per model and process (``CostCache`` keeps it), and
+the curve once per model and machine (``cost_file`` keeps it on disk), and
 ``best_size`` picks the number of draft nodes that maximises expected tokens
 per second given the nodes' estimated acceptance probabilities. On CPU the
 measurement also times each probed size of 4-16 nodes with and without the
@@ -13,7 +13,6 @@ skinny matmul (``skinny_linear.py``) and keeps, per size, whichever was faster.
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,23 +33,28 @@ class VerifyCost:
             one forward over k new tokens (``seconds[0]`` unused, equal to ``seconds[1]``).
         skinny_sizes: tree sizes that should use the skinny matmul (``TreeModel(skinny_sizes=)``);
             None leaves ``TreeModel``'s default.
+        steady: False when the machine's speed changed during the measurement
+            (then the curve is used but not kept on disk).
     """
 
     seconds: np.ndarray
     skinny_sizes: frozenset | None = None
+    steady: bool = True
 
     @property
     def max_nodes(self) -> int:
         return int(self.seconds.shape[0] - 1)
 
     @classmethod
-    def from_points(cls, sizes, seconds, max_nodes: int = 64, skinny_sizes: frozenset | None = None) -> "VerifyCost":
+    def from_points(
+        cls, sizes, seconds, max_nodes: int = 64, skinny_sizes: frozenset | None = None, steady: bool = True
+    ) -> "VerifyCost":
         """Linear interpolation through measured (size, seconds) points, non-decreasing."""
         grid = np.arange(max_nodes + 1, dtype=np.float64)
         curve = np.interp(grid, np.asarray(sizes, float), np.asarray(seconds, float))
         curve = np.maximum.accumulate(curve)
         curve[0] = curve[1]
-        return cls(curve, skinny_sizes)
+        return cls(curve, skinny_sizes, steady)
 
     def best_size(self, probs: np.ndarray, overhead_s: float = 0.0) -> int:
         """How many draft nodes to verify.
@@ -97,7 +101,11 @@ def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PRO
             best = min(best, kernel)
         times.append(best)
     chosen = kernel_sizes(kernel_wins) if kernel_possible else None
-    return VerifyCost.from_points(sizes, times, max_nodes=max(sizes), skinny_sizes=chosen)
+    tree_model.skinny_sizes = frozenset()
+    # One more single-token forward: far from the first one means the machine was busy meanwhile.
+    settled = time_chain(tree_model, sizes[0], rng, repeats)
+    steady = abs(settled - times[0]) <= 0.3 * times[0]
+    return VerifyCost.from_points(sizes, times, max_nodes=max(sizes), skinny_sizes=chosen, steady=steady)
 
 
 def kernel_sizes(kernel_wins: dict[int, bool]) -> frozenset:
@@ -132,15 +140,55 @@ def time_chain(tree_model, size: int, rng: np.random.Generator, repeats: int, wa
     return float(np.median(samples[warmups:]))
 
 
-class CostCache:
-    """Measured cost curves, one per live model; measure once, reuse for every call."""
+class ObservedCost:
+    """Corrects a cost curve with the forward times decoding actually sees.
 
-    def __init__(self) -> None:
-        self._curves: "weakref.WeakKeyDictionary[torch.nn.Module, VerifyCost]" = weakref.WeakKeyDictionary()
+    A curve measured while the machine was busy (or on a persisted file from
+    another day) can have the wrong shape, and the planner then picks trees
+    that cost more than they return. Decoding times one forward per step;
+    per band of tree sizes (1, 2-3, 4-7, 8-15, 16-31, 32-64 nodes) this keeps
+    a smoothed ratio of observed to predicted seconds and scales that band of
+    the curve by it (kept non-decreasing: no size costs more than a larger one). Bands never observed keep the
+    measured values until the planner tries them.
 
-    def get(self, model: torch.nn.Module) -> VerifyCost:
-        curve = self._curves.get(model)
-        if curve is None:
-            curve = measure_cost(model)
-            self._curves[model] = curve
-        return curve
+    Args:
+        decay: weight of the old ratio in each update.
+        min_count: observations in a band before ``drifted`` may report it.
+    """
+
+    BANDS = np.array([1, 2, 4, 8, 16, 32])
+
+    def __init__(self, decay: float = 0.8, min_count: int = 8) -> None:
+        self.decay = decay
+        self.min_count = min_count
+        self.ratio = np.ones(self.BANDS.shape[0])
+        self.count = np.zeros(self.BANDS.shape[0], dtype=np.int64)
+
+    def _band(self, size: int) -> int:
+        return int(np.searchsorted(self.BANDS, size, side="right") - 1)
+
+    def observe(self, cost: VerifyCost, size: int, seconds: float) -> None:
+        """One forward over ``size`` new tokens took ``seconds`` (``cost``: the measured curve)."""
+        if size < 1 or size > cost.max_nodes or seconds <= 0:
+            return
+        band = self._band(size)
+        ratio = seconds / float(cost.seconds[size])
+        d = self.decay if self.count[band] else 0.0
+        self.ratio[band] = d * self.ratio[band] + (1 - d) * ratio
+        self.count[band] += 1
+
+    def apply(self, cost: VerifyCost) -> VerifyCost:
+        """``cost`` with every observed band scaled by its ratio."""
+        if not self.count.any():
+            return cost
+        sizes = np.arange(cost.seconds.shape[0])
+        bands = np.clip(np.searchsorted(self.BANDS, sizes, side="right") - 1, 0, None)
+        # Non-decreasing again: no size costs more than a larger one was seen to cost.
+        seconds = np.minimum.accumulate((cost.seconds * self.ratio[bands])[::-1])[::-1]
+        seconds[0] = seconds[1]
+        return VerifyCost(seconds, cost.skinny_sizes, cost.steady)
+
+    def drifted(self, low: float = 0.7, high: float = 1.4) -> bool:
+        """Whether some well-observed band is off the measured curve by more than the given factors."""
+        seen = self.count >= self.min_count
+        return bool(np.any(seen & ((self.ratio < low) | (self.ratio > high))))

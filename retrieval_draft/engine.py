@@ -81,6 +81,8 @@ class DecodeStats:
 
 TokenSink = Callable[[np.ndarray], None]
 StopCheck = Callable[[np.ndarray], bool]
+# (raw logits of the k tokens just emitted, shape (k, V) float32; the sequence through them, shape (L + m,))
+LogitsSink = Callable[[torch.Tensor, np.ndarray], None]
 
 
 def speculative_decode(
@@ -93,14 +95,16 @@ def speculative_decode(
     on_tokens: TokenSink | None = None,
     should_stop: StopCheck | None = None,
     planner: TreePlanner | None = None,
+    on_logits: LogitsSink | None = None,
 ) -> tuple[np.ndarray, DecodeStats]:
     """Generate up to ``options.max_new_tokens`` tokens after ``prompt`` (shape (1, L), int64).
 
     ``should_stop`` sees the whole sequence (prompt + new, shape (L + m,))
     after each new token and ends generation when it returns True, as HF
     stopping criteria do. ``planner`` sizes each tree (default: a fixed
-    ``options.tree_budget`` nodes). Returns the new tokens, shape (m,), and
-    statistics.
+    ``options.tree_budget`` nodes). ``on_logits`` receives, after each step,
+    the model's raw logits for the tokens emitted (row j: the distribution
+    token j was chosen from). Returns the new tokens, shape (m,), and statistics.
     """
     stats = DecodeStats()
     planner = planner if planner is not None else TreePlanner(max_nodes=options.tree_budget)
@@ -119,17 +123,21 @@ def speculative_decode(
 
     emitted = length
     done, emitted = _emit(np.array([verdict.bonus]), context, emitted, length, options, should_stop, on_tokens, drafters)
+    if on_logits is not None:
+        on_logits(root_logits[None, :], context[:emitted])
     while not done:
         remaining = length + options.max_new_tokens - emitted
         tick = time.perf_counter()
-        drafts = _drafts(drafters, context[:emitted], remaining, options)
+        asked = _ask_drafters(drafters, context[:emitted], remaining, options, planner)
+        drafts = [(name, draft) for name, (proposed, _) in asked.items() for draft in proposed]
         tree = planner.plan(int(context[emitted - 1]), drafts)
         tock = time.perf_counter()
         logits = model.score_tree(tree)
+        planner.observe_forward(tree.size, time.perf_counter() - tock)
         verdict = _verify(tree, logits, context[:emitted], options, processor, generator)
         model.keep(np.concatenate([[0], verdict.accepted]))
         new = np.append(tree.tokens[verdict.accepted], verdict.bonus)
-        planner.observe(drafts, new, tock - tick)
+        planner.observe(drafts, new, tock - tick, asked)
         stats.draft_s += tock - tick
         stats.verify_s += time.perf_counter() - tock
         stats.steps += 1
@@ -137,6 +145,8 @@ def speculative_decode(
         before = emitted
         done, emitted = _emit(new, context, emitted, length, options, should_stop, on_tokens, drafters)
         stats.step_tokens += emitted - before
+        if on_logits is not None:
+            on_logits(_emitted_rows(logits, verdict, emitted - before), context[:emitted])
     stats.new_tokens = emitted - length
     output = context[length:emitted].copy()
     for drafter in drafters:
@@ -144,13 +154,34 @@ def speculative_decode(
     return output, stats
 
 
-def _drafts(drafters: Sequence[Drafter], context: np.ndarray, remaining: int, options: DecodeOptions) -> SourcedDrafts:
-    """Every drafter's proposals for the context, no longer than the tokens left allow,
-    each tagged with its drafter's name."""
+def _ask_drafters(
+    drafters: Sequence[Drafter], context: np.ndarray, remaining: int, options: DecodeOptions, planner: TreePlanner
+) -> dict[str, tuple[list, float]]:
+    """Proposals of the drafters the planner's gate lets through this step, no longer than
+    the tokens left allow: drafter name -> (its drafts, seconds its ``propose`` took)."""
     max_len = min(options.max_draft_len, remaining - 1)
-    if max_len <= 0 or options.tree_budget == 0:
-        return []
-    return [(drafter.name, draft) for drafter in drafters for draft in drafter.propose(context, max_len)]
+    if max_len <= 0 or planner.max_nodes == 0:
+        return {}
+    asked: dict[str, tuple[list, float]] = {}
+    for drafter in drafters:
+        if not planner.should_ask(drafter.name):
+            continue
+        started = time.perf_counter()
+        proposed = drafter.propose(context, max_len)
+        seconds = time.perf_counter() - started
+        earlier, earlier_s = asked.get(drafter.name, ([], 0.0))  # two drafters of one name share an entry
+        asked[drafter.name] = (earlier + proposed, earlier_s + seconds)
+    return asked
+
+
+def _emitted_rows(logits: torch.Tensor, verdict: Verdict, count: int) -> torch.Tensor:
+    """Rows of tree ``logits`` (n, V) that chose the first ``count`` emitted tokens: (count, V).
+
+    The first accepted node was chosen at the root, each later one at its
+    parent, the bonus token at the last accepted node.
+    """
+    rows = np.concatenate([[0], verdict.accepted])[:count]
+    return logits[torch.from_numpy(rows).to(logits.device)]
 
 
 def _verify(tree, logits, context, options, processor, generator) -> Verdict:

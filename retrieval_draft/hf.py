@@ -10,34 +10,29 @@ they appear in this function's signature.
 
 from __future__ import annotations
 
-import weakref
-from typing import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
+from transformers.generation import GenerateDecoderOnlyOutput
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-from retrieval_draft.cost import CostCache
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.engine import DecodeOptions, DecodeStats, speculative_decode
 from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.hf_options import build_output, check_options, receives_generate_kwargs, score_recorder
+from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
 from retrieval_draft.model_adapter import TreeModel, context_limit, validate_prompt
 from retrieval_draft.planner import TreePlanner
 
-# Forward-cost curves are a property of (model, machine): measured once per
-# live model and process, then reused by every call (weakly keyed: no leak).
-MEASURED_COSTS = CostCache()
-
-# Learning across calls, per live model (weakly keyed, so it goes with the model):
-# its earlier prompts and outputs in this process, which the default drafters
-# copy from (bounded by ``HistoryDrafter.max_tokens``, 4 MB), and the acceptance
-# rates its planners observed, greedy and sampling apart (a few KB).
-OUTPUT_HISTORIES: "weakref.WeakKeyDictionary[torch.nn.Module, HistoryDrafter]" = weakref.WeakKeyDictionary()
-LEARNED_RATES: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+if TYPE_CHECKING:
+    from datastore.store import Datastore
 
 
+@receives_generate_kwargs
 def generate(
     model,
     input_ids: torch.Tensor,
@@ -46,8 +41,10 @@ def generate(
     generation_config,
     synced_gpus: bool = False,
     streamer=None,
+    tokenizer=None,
+    assistant_model=None,
     drafters: Sequence[Drafter] | None = None,
-    datastore: str | None = None,
+    datastore: str | Path | Datastore | None = None,
     draft_tokenizer=None,
     draft_learning: bool = True,
     tree_budget: int = 32,
@@ -57,15 +54,25 @@ def generate(
     draft_streamer=None,
     draft_stats: DecodeStats | None = None,
     draft_seed: int | None = None,
+    draft_memory: PluginMemory | None = None,
     **model_kwargs,
-) -> torch.Tensor:
+) -> torch.Tensor | GenerateDecoderOnlyOutput:
     """A ``custom_generate`` callable for ``model.generate``.
+
+    Options ``generate`` cannot have honoured here (beams, several sequences,
+    attentions, hidden states, other speculative methods: ``hf_options.check_options``)
+    raise ``InvalidInputError`` before any model work. ``tokenizer`` (for
+    ``stop_strings``) and ``assistant_model`` are ``generate``'s own, passed on
+    by ``hf_options.receives_generate_kwargs``; an assistant model is refused.
 
     Args (ours; the rest come from ``generate``):
         drafters: drafter instances; default prompt lookup, plus the
             datastore's drafters when ``datastore`` is given.
-        datastore: path of a datastore built by ``retrieval-draft build``.
-        draft_tokenizer: the tokenizer in use, to check the datastore's fingerprint.
+        datastore: path of a datastore built by ``retrieval-draft build``
+            (opened and verified once per process, re-opened when rebuilt), or
+            a store from ``retrieval_draft.open_datastore``.
+        draft_tokenizer: the tokenizer in use, to check the datastore's fingerprint
+            (default: ``generate``'s own ``tokenizer=`` when given).
         draft_learning: learn across this process's calls with this model: start
             the tree planner from the acceptance rates earlier calls observed
             (``learned_rates``), and with the default drafters also draft from
@@ -84,8 +91,12 @@ def generate(
         draft_seed: seed for sampling; the same seed gives the same output.
 
     Returns:
-        shape (1, L + m), the prompt followed by the new tokens.
+        shape (1, L + m), the prompt followed by the new tokens; with
+        ``return_dict_in_generate`` HF's ``GenerateDecoderOnlyOutput`` holding it as
+        ``sequences``, plus ``scores`` / ``logits`` (m tensors of shape (1, V)) when
+        ``output_scores`` / ``output_logits`` ask for them.
     """
+    check_options(generation_config, assistant_model)
     attention_mask = model_kwargs.get("attention_mask")
     if attention_mask is not None and not bool(attention_mask.all()):
         raise InvalidInputError("padded inputs are not supported; pass one unpadded sequence")
@@ -99,12 +110,14 @@ def generate(
         max_draft_len=max_draft_len,
         do_sample=bool(generation_config.do_sample),
     )
+    recorder = score_recorder(generation_config, logits_processor)
+    memory = draft_memory if draft_memory is not None else PROCESS_MEMORY
     if drafters is not None:
         chosen = list(drafters)
     else:
-        chosen = default_drafters(datastore, model, draft_tokenizer)
+        chosen = default_drafters(datastore, model, draft_tokenizer or tokenizer, memory)
         if draft_learning:
-            chosen.append(output_history(model))
+            chosen.append(memory.model(model).history)
     generator = None
     if options.do_sample:
         generator = torch.Generator(device="cpu")
@@ -116,8 +129,10 @@ def generate(
         draft_streamer.put(input_ids.cpu())
     planner = draft_planner
     if planner is None:
-        rates = learned_rates(model, options.do_sample) if draft_learning else None
-        planner = make_planner(model, tree_budget, adaptive_tree, rates)
+        rates = memory.model(model).rates[options.do_sample] if draft_learning else None
+        planner = make_planner(model, tree_budget, adaptive_tree, rates, memory)
+        if draft_learning:
+            planner.observed = memory.model(model).observed
     measured = planner.cost.skinny_sizes if planner.cost is not None else None
     new, stats = speculative_decode(
         TreeModel(model, skinny_sizes=measured),
@@ -129,29 +144,49 @@ def generate(
         on_tokens=(lambda tokens: draft_streamer.put(torch.from_numpy(tokens))) if draft_streamer else None,
         should_stop=_extra_stop_check(stopping_criteria),
         planner=planner,
+        on_logits=recorder,
     )
     if draft_streamer is not None:
         draft_streamer.end()
     if draft_stats is not None:
         draft_stats.__dict__.update(stats.__dict__)
-    return torch.cat([input_ids, torch.from_numpy(new).to(input_ids.device)[None]], dim=1)
+    if draft_learning and draft_planner is None:
+        memory.save_learned(model)
+    sequences = torch.cat([input_ids, torch.from_numpy(new).to(input_ids.device)[None]], dim=1)
+    return build_output(sequences, generation_config, recorder)
 
 
-def make_planner(model, tree_budget: int, adaptive: bool, calibrators: dict | None = None) -> TreePlanner:
-    """A tree planner: cost-aware when ``adaptive`` (curve measured once per model), else fixed size;
-    ``calibrators`` as for ``TreePlanner``."""
-    cost = MEASURED_COSTS.get(model) if adaptive else None
+def make_planner(
+    model, tree_budget: int, adaptive: bool, calibrators: dict | None = None, memory: PluginMemory = PROCESS_MEMORY
+) -> TreePlanner:
+    """A tree planner: cost-aware when ``adaptive`` (the model's curve from ``memory``, kept on
+    disk across processes), else fixed size; ``calibrators`` as for ``TreePlanner``."""
+    cost = memory.cost(model) if adaptive else None
     return TreePlanner(max_nodes=tree_budget, cost=cost, calibrators=calibrators)
 
 
-def default_drafters(datastore: str | None, model, tokenizer=None) -> list[Drafter]:
-    """Prompt lookup, plus the datastore's drafters when a datastore path is given."""
+def default_drafters(
+    datastore: str | Path | Datastore | None, model, tokenizer=None, memory: PluginMemory = PROCESS_MEMORY
+) -> list[Drafter]:
+    """Prompt lookup, plus the datastore's drafters when a datastore (path or opened store) is given."""
     chosen: list[Drafter] = [PromptLookupDrafter()]
     if datastore is not None:
         from retrieval_draft.drafters.datastore import datastore_drafters
 
-        chosen.extend(datastore_drafters(datastore, vocab_size=model.config.vocab_size, tokenizer=tokenizer))
+        vocab_size = model.config.vocab_size
+        chosen.extend(datastore_drafters(datastore, vocab_size=vocab_size, tokenizer=tokenizer, memory=memory))
     return chosen
+
+
+def open_datastore(path: str | Path, memory: PluginMemory = PROCESS_MEMORY) -> Datastore:
+    """The datastore at ``path``, opened and verified once per process and build.
+
+    Pass the result as ``datastore=`` to skip even the per-call identity check
+    (six ``stat`` calls). Raises CorruptDatastoreError, UnknownFormatVersionError,
+    TokenIdOutOfRangeError for a bad store, before any of its files is parsed
+    unverified.
+    """
+    return memory.stores.open(path)
 
 
 def output_history(model) -> HistoryDrafter:
@@ -161,10 +196,7 @@ def output_history(model) -> HistoryDrafter:
     may pair a prompt with the other's output in the history. That changes
     which drafts are offered, never what is generated.
     """
-    history = OUTPUT_HISTORIES.get(model)
-    if history is None:
-        history = OUTPUT_HISTORIES[model] = HistoryDrafter()
-    return history
+    return PROCESS_MEMORY.model(model).history
 
 
 def learned_rates(model, sampling: bool) -> dict:
@@ -176,7 +208,7 @@ def learned_rates(model, sampling: bool) -> dict:
     ``output_history``, not synchronised: concurrent calls may interleave
     their updates, which changes tree sizes, never outputs.
     """
-    return LEARNED_RATES.setdefault(model, {}).setdefault(bool(sampling), {})
+    return PROCESS_MEMORY.model(model).rates[bool(sampling)]
 
 
 def _extra_stop_check(stopping_criteria):

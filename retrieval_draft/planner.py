@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from retrieval_draft.calibration import AcceptanceCalibrator
-from retrieval_draft.cost import VerifyCost
+from retrieval_draft.cost import ObservedCost, VerifyCost
+from retrieval_draft.drafter_gate import DrafterGate
 from retrieval_draft.drafters.base import Draft
 from retrieval_draft.tree import DraftTree, merge_drafts
 
@@ -32,6 +33,10 @@ class TreePlanner:
         calibrators: drafter name -> calibrator, shared with whoever passes the
             same dict (the plugin keeps one per model, so each call starts from
             the rates earlier calls observed); None starts from the priors.
+        gate: decides which drafters are asked each step (only with a cost
+            curve, which prices an accepted token); default a fresh ``DrafterGate``.
+        observed: corrections of ``cost`` from the forward times decoding sees,
+            shared like ``calibrators`` (the plugin keeps one per model).
     """
 
     def __init__(
@@ -40,6 +45,8 @@ class TreePlanner:
         cost: VerifyCost | None = None,
         overhead_decay: float = 0.9,
         calibrators: dict[str, AcceptanceCalibrator] | None = None,
+        gate: DrafterGate | None = None,
+        observed: ObservedCost | None = None,
     ) -> None:
         if max_nodes < 0:
             raise ValueError("max_nodes must be >= 0")
@@ -48,6 +55,12 @@ class TreePlanner:
         self.calibrators: dict[str, AcceptanceCalibrator] = calibrators if calibrators is not None else {}
         self.overhead_decay = overhead_decay
         self.overhead_s = 0.0
+        self.gate = gate if gate is not None else DrafterGate()
+        self.observed = observed if observed is not None else ObservedCost()
+
+    def should_ask(self, name: str) -> bool:
+        """Whether to query drafter ``name`` this step (always, without a cost curve)."""
+        return self.cost is None or self.gate.should_ask(name)
 
     def register(self, drafters) -> None:
         """Give each drafter not seen before a calibrator with that drafter's ``prior_scale``."""
@@ -72,12 +85,20 @@ class TreePlanner:
         budget = min(self.max_nodes, full.size - 1)
         if self.cost is not None and budget > 0:
             ranked = np.sort(full.probs[1:])[::-1][:budget]
-            budget = self.cost.best_size(ranked, self.overhead_s)
+            budget = self.observed.apply(self.cost).best_size(ranked, self.overhead_s)
         return full.top(budget, full.probs)
 
-    def observe(self, drafts: SourcedDrafts, truth: np.ndarray, draft_seconds: float) -> None:
+    def observe_forward(self, size: int, seconds: float) -> None:
+        """A tree forward over ``size`` new tokens (root included) took ``seconds``."""
+        if self.cost is not None:
+            self.observed.observe(self.cost, size, seconds)
+
+    def observe(self, drafts: SourcedDrafts, truth: np.ndarray, draft_seconds: float, asked: dict | None = None) -> None:
         """Grade every offered draft against ``truth``, the tokens the model produced
-        this step (accepted + bonus, shape (t,)); track drafting time."""
+        this step (accepted + bonus, shape (t,)); track drafting time. ``asked``:
+        drafter name -> (its drafts, seconds it took), for the drafter gate."""
+        if asked and self.cost is not None:
+            self.gate.observe(asked, truth, token_seconds=float(self.cost.seconds[1]))
         for calibrator in self.calibrators.values():
             calibrator.decay_counts()
         graded: set[tuple] = set()  # (source, prefix) pairs already graded this step

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from retrieval_draft.cache_dir import CACHE_ENV
 from retrieval_draft.drafters.base import Draft, Drafter
 
 TINY_VOCAB = 320
@@ -14,6 +18,9 @@ TINY_VOCAB = 320
 # Tiny models run fastest on one thread (thread start-up dominates their
 # matmuls); tests on the real model raise this in their own fixture.
 torch.set_num_threads(1)
+
+# Measured cost curves go to a cache of this test run's own, never the user's.
+os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="retrieval-draft-test-cache-")
 
 
 def make_tiny_llama(seed: int = 0, vocab_size: int = TINY_VOCAB, attn: str = "sdpa") -> LlamaForCausalLM:

@@ -1,8 +1,11 @@
 """The benchmark harness runs end to end in quick mode (SmolLM2-135M, about a minute idle).
 
 Runs ``tools/bench.py --quick`` as a subprocess, as a user would, and checks
-its JSON: every workload and system is there, every output equals HF greedy's,
-every speed is positive, and the PNG chart was written.
+its JSON: every workload and system is there (the datastore README call
+marked unavailable without --datastore), every output equals HF greedy's,
+every speed is positive, the fresh-process measurement is off, and the PNG
+chart was written. One more test runs the fresh-process measurement itself
+on SmolLM2 for 8 tokens.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 QUICK_WORKLOADS = {"code_raw", "code_chat", "grounded", "chat"}
-QUICK_SYSTEMS = {"hf", "hf_pld", "prompt", "oracle"}
+QUICK_SYSTEMS = {"hf", "hf_pld", "defaults", "prompt", "oracle"}  # run without a datastore
+QUICK_UNAVAILABLE = {"datastore": "no datastore"}
 
 pytestmark = [
     pytest.mark.real_model,
@@ -47,23 +51,41 @@ def test_quick_bench_covers_every_workload_and_system(quick_result):
     result, _, _ = quick_result
     assert set(result["summary"]) == QUICK_WORKLOADS | {"overall"}
     for workload in QUICK_WORKLOADS:
-        assert set(result["summary"][workload]) == QUICK_SYSTEMS
+        assert set(result["summary"][workload]) == QUICK_SYSTEMS | set(QUICK_UNAVAILABLE)
+        assert result["summary"][workload]["datastore"] == {"status": "no datastore"}
+    assert result["unavailable"] == QUICK_UNAVAILABLE
     assert {p["workload"] for p in result["prompts"]} == QUICK_WORKLOADS
     assert {r["system"] for r in result["runs"]} == QUICK_SYSTEMS
+
+
+def test_quick_bench_labels_readme_calls_and_diagnostics(quick_result):
+    result, _, stdout = quick_result
+    assert result["kinds"]["defaults"] == "readme" and result["kinds"]["datastore"] == "readme"
+    assert result["kinds"]["prompt"] == result["kinds"]["oracle"] == "diagnostic"
+    assert "README call" in result["labels"]["defaults"] and result["labels"]["oracle"].startswith("diagnostic:")
+    assert result["config"]["plugin_kwargs"] == {} and "nothing of ours" in result["config"]["warm_up"]
+    assert "ours: defaults (README call)" in stdout
+
+
+def test_quick_bench_leaves_the_fresh_process_off(quick_result):
+    result, _, stdout = quick_result
+    assert result["config"]["fresh_process"] is False
+    assert result["fresh_process"]["rows"] == [] and result["fresh_process"]["status"].startswith("off")
+    assert "Fresh process: off" in stdout
 
 
 def test_quick_bench_outputs_equal_greedy(quick_result):
     result, _, _ = quick_result
     assert all(run["identical"] is True for run in result["runs"])
     for systems in result["summary"].values():
-        assert all(s["identical_rate"] == 1.0 for s in systems.values())
+        assert all(systems[s]["identical_rate"] == 1.0 for s in QUICK_SYSTEMS)
 
 
 def test_quick_bench_speeds_are_positive(quick_result):
     result, _, _ = quick_result
     assert all(run["tokens_per_s"] > 0 and run["new_tokens"] > 0 for run in result["runs"])
     for systems in result["summary"].values():
-        assert all(s["tokens_per_s"] > 0 and s["speedup_geomean"] > 0 for s in systems.values())
+        assert all(systems[s]["tokens_per_s"] > 0 and systems[s]["speedup_geomean"] > 0 for s in QUICK_SYSTEMS)
 
 
 def test_quick_bench_writes_chart_and_states_machine(quick_result):
@@ -73,6 +95,52 @@ def test_quick_bench_writes_chart_and_states_machine(quick_result):
     assert "| workload | system |" in stdout and "torch threads" in stdout
 
 
+def test_report_puts_fresh_process_rows_beside_the_speedups(quick_result, tmp_path):
+    """A result with fresh-process rows renders them in the speedup table, their own table and the chart."""
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        from bench_report import markdown, plot
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    result, _, _ = quick_result
+    timing = {"import_s": 3.0, "load_s": 14.0, "new_tokens": 32, "stats": None}
+    rows = [
+        {"workload": w, "prompt_id": "p", "ratio": 1.5, "identical": True,
+         "ours": {**timing, "generate_s": 2.0, "stats": {"steps": 9, "mean_accepted": 3.5}},
+         "hf": {**timing, "generate_s": 3.0}}
+        for w in QUICK_WORKLOADS
+    ]
+    fresh = {"status": "measured", "call": "model.generate(...)", "rows": rows, "ratio_geomean": 1.5}
+    report = markdown({**result, "fresh_process": fresh})
+    assert "ours: first call, fresh process" in report and "## First call in a fresh process" in report
+    assert "| 1.50x | 3.50 | yes |" in report
+    plot({**result, "fresh_process": fresh}, str(tmp_path / "fresh.png"))
+    assert (tmp_path / "fresh.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_fresh_process_first_call_on_smollm2():
+    """Both fresh processes load SmolLM2 and time 8 tokens; their outputs are identical."""
+    import argparse
+
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        from bench_fresh import fresh_process_rows
+        from bench_workloads import BenchPrompt
+        from retrieval_draft.models import load_tokenizer
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    import torch
+
+    prompt = BenchPrompt("code_raw", "fib", "def fibonacci(n):\n", False)
+    ids = torch.tensor([load_tokenizer()(prompt.text)["input_ids"]])
+    args = argparse.Namespace(max_new_tokens=8, model=None, threads=2, sampling=False, temperature=0.7, seed=0,
+                              datastore=None)
+    (row,) = fresh_process_rows(args, [prompt], [ids], log=lambda line: None)
+    assert row["identical"] is True and row["ratio"] > 0, row
+    assert row["ours"]["new_tokens"] == row["hf"]["new_tokens"] == 8
+    assert row["ours"]["load_s"] > 0 and row["hf"]["import_s"] > 0
+
+
 def test_quick_bench_marks_datastore_rows_without_datastore():
     """Asking for datastore systems without --datastore reports them as unavailable, not numbers."""
     sys.path.insert(0, str(REPO / "tools"))
@@ -80,8 +148,10 @@ def test_quick_bench_marks_datastore_rows_without_datastore():
         from bench_systems import SYSTEMS, unavailable_reason
     finally:
         sys.path.remove(str(REPO / "tools"))
-    for name in ("ngram", "suffix", "all"):
-        assert unavailable_reason(SYSTEMS[name], has_datastore=False, sampling=False) == "no datastore"
-    assert unavailable_reason(SYSTEMS["prompt"], has_datastore=False, sampling=False) is None
+    assert unavailable_reason(SYSTEMS["datastore"], has_datastore=False, sampling=False) == "no datastore"
+    assert unavailable_reason(SYSTEMS["datastore"], has_datastore=True, sampling=False) is None
+    for name in ("defaults", "prompt"):
+        assert unavailable_reason(SYSTEMS[name], has_datastore=False, sampling=False) is None
+    assert unavailable_reason(SYSTEMS["oracle"], has_datastore=False, sampling=True) == "n/a (sampling)"
     assert unavailable_reason(SYSTEMS["history"], has_datastore=True, sampling=False) == "no history file (--history)"
     assert unavailable_reason(SYSTEMS["history"], has_datastore=False, sampling=False, has_history=True) is None

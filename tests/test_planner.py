@@ -176,3 +176,20 @@ def test_register_gives_each_drafter_its_own_prior_scale():
     raw = np.array([0.9])
     assert planner.calibrator("measured").rates(raw)[0] == pytest.approx(0.92)  # bucket [0.9, 0.94), believed
     assert planner.calibrator("heuristic").rates(raw)[0] == pytest.approx(0.46)  # half believed
+
+
+def test_observed_forward_times_reshape_a_curve_measured_on_a_busy_machine():
+    from retrieval_draft.cost import ObservedCost
+
+    busy = VerifyCost.from_points([1, 2, 64], [0.100, 0.160, 0.170])  # flat: big trees look nearly free
+    observed = ObservedCost(min_count=3)
+    for _ in range(5):
+        observed.observe(busy, 1, 0.030)
+        observed.observe(busy, 33, 0.090)
+    fixed = observed.apply(busy)
+    assert fixed.seconds[1] == pytest.approx(0.030)
+    assert fixed.seconds[33] == pytest.approx(0.090)
+    assert observed.drifted()
+    probs = np.full(32, 0.05)  # 1.6 expected extra tokens from 32 nodes
+    assert busy.best_size(probs) == 32  # the busy curve says: verify everything
+    assert fixed.best_size(probs) == 0  # the observed curve says: plain decoding

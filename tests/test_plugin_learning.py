@@ -3,15 +3,23 @@
 import gc
 import weakref
 
+import pytest
 import torch
 
 import retrieval_draft
+from retrieval_draft.cache_dir import CACHE_ENV
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.engine import DecodeStats
-from retrieval_draft.hf import OUTPUT_HISTORIES, learned_rates, output_history
+from retrieval_draft.hf import learned_rates, output_history
 from tests.conftest import make_tiny_llama, random_prompt
 
 NEW_TOKENS = 40
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Each test's models start from the priors: no rates saved by other tests' same-shaped models."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
 
 
 def plugin(model, prompt, **kwargs) -> tuple[torch.Tensor, DecodeStats]:
@@ -61,7 +69,7 @@ def test_draft_learning_false_neither_reads_nor_grows_the_history():
 def test_explicit_drafters_leave_the_history_out():
     model = make_tiny_llama(seed=13)
     plugin(model, random_prompt(7), drafters=[PromptLookupDrafter()])
-    assert model not in OUTPUT_HISTORIES
+    assert output_history(model).size == 0  # the history exists only once asked for, empty
 
 
 def test_the_history_goes_with_its_model():
@@ -101,3 +109,15 @@ def test_greedy_and_sampling_rates_are_kept_apart_and_opting_out_touches_neither
     plugin(model, prompt, do_sample=True, temperature=0.8, draft_seed=0)
     assert graded(model, sampling=True) > 0
     assert graded(model, sampling=False) == 0.0
+
+
+def test_a_new_process_starts_from_the_rates_an_earlier_one_saved(tmp_path):
+    from retrieval_draft.memory import PluginMemory
+
+    prompt = random_prompt(11, repeat=3)
+    first = PluginMemory()  # one process
+    plugin(make_tiny_llama(seed=17), prompt, draft_memory=first)
+    later = PluginMemory()  # a later process: same model shape and name, nothing in memory
+    rates = later.model(make_tiny_llama(seed=17)).rates[False]
+    assert rates["prompt"].trials.sum() > 0
+    assert PluginMemory(persist=False).model(make_tiny_llama(seed=17)).rates[False] == {}

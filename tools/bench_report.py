@@ -2,13 +2,22 @@
 
 Definitions (the same for every system):
 - decode tokens/s of one run = new tokens / (wall - prefill), with prefill the
-  fastest of three separate forward passes over the prompt;
+  fastest of three separate forward passes over the prompt (the decode time
+  floored at a tenth of the wall, against a noisy prefill estimate);
 - per prompt: the median of the repeats' tokens/s; speedup = that median
   over HF ``generate``'s median on the same prompt;
 - per workload: mean tokens/s over prompts, geometric mean of the speedups,
   accepted tokens per step = all emitted tokens / all tree steps, drafting
   share = all drafting time / all decode time (our statistics), identical
-  rate = share of runs whose output tensor equals HF greedy's.
+  rate = share of runs whose output tensor equals HF greedy's;
+- fresh process (``bench_fresh``): per workload, one prompt as the first
+  ``generate`` call of a new process, ours (the README line) and plain HF
+  greedy each in their own; first-call ratio = plain call wall / ours call
+  wall, overall the geometric mean of the workloads' ratios.
+
+Systems are labelled by kind: HF's, ``ours: ... (README call)`` (exactly the
+README's lines, default options) and ``diagnostic: ...`` (explicit
+``drafters=``, which no README line passes).
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from datastore.atomic import atomic_path, atomic_write_bytes  # noqa: E402
+
+from bench_fresh import fresh_section  # noqa: E402
 
 OVERALL = "overall"
 
@@ -178,6 +189,26 @@ def summary_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def speedup_table(result: dict) -> str:
+    """Workloads x systems: geometric-mean speedup over HF, the fresh-process first-call ratio beside."""
+    others = [s for s in result["config"]["systems"] if s != "hf"]
+    fresh = result.get("fresh_process") or {}
+    by_workload = {row["workload"]: row["ratio"] for row in fresh.get("rows", [])}
+    fresh_column = bool(by_workload)
+    labels = [result["labels"][s] for s in others] + (["ours: first call, fresh process"] if fresh_column else [])
+    lines = ["| workload | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+    for workload, systems in result["summary"].items():
+        cells = []
+        for system in others:
+            reason = result["unavailable"].get(system)
+            cells.append(reason or _fmt(systems[system]["speedup_geomean"], ".2f") + "x")
+        if fresh_column:
+            ratio = fresh.get("ratio_geomean") if workload == OVERALL else by_workload.get(workload)
+            cells.append(_fmt(ratio, ".2f") + "x")
+        lines.append(f"| {workload} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def prompt_table(result: dict) -> str:
     """Per-prompt speedups against HF ``generate`` (HF's own column in tokens/s)."""
     systems = [s for s in result["config"]["systems"] if s not in result["unavailable"]]
@@ -218,7 +249,16 @@ def markdown(result: dict) -> str:
             f"datastore: {c['datastore'] or 'none'} ({c['datastore_status']}); "
             f"warm output history: {c.get('history') or 'none'}",
             f"- code: commit {str(c['code']['commit'])[:10]}, {c['code']['changed_files']} files changed or untracked",
+            f"- untimed warm-up: {c.get('warm_up', 'every system, 8 tokens (older harness)')}; "
+            f"plugin memory: {c.get('model_handles', 'one model object shared by all systems (older harness)')}",
             f"- decode tok/s = new tokens / (wall - prefill); wall time {result['elapsed_s']:.0f} s",
+            "",
+            "## Speedup over HF greedy generate (geometric mean over prompts)",
+            "",
+            speedup_table(result),
+            "",
+            *fresh_section(result),
+            "## Per workload and system",
             "",
             summary_table(result),
             "",
@@ -239,22 +279,28 @@ def plot(result: dict, path: str) -> None:
 
     systems = [s for s in result["config"]["systems"] if s not in result["unavailable"]]
     workloads = list(result["summary"])
-    width = 0.8 / max(len(systems), 1)
+    series = {result["labels"][s]: [result["summary"][w][s]["speedup_geomean"] or 0.0 for w in workloads]
+              for s in systems}
+    fresh = result.get("fresh_process") or {}
+    if fresh.get("rows"):
+        ratios = {row["workload"]: row["ratio"] for row in fresh["rows"]}
+        ratios[OVERALL] = fresh.get("ratio_geomean")
+        series["ours: first call, fresh process"] = [ratios.get(w) or 0.0 for w in workloads]
+    width = 0.8 / max(len(series), 1)
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(workloads)), 4))
-    for i, system in enumerate(systems):
-        values = [result["summary"][w][system]["speedup_geomean"] or 0.0 for w in workloads]
-        ax.bar([x + i * width for x in range(len(workloads))], values, width, label=result["labels"][system])
+    for i, (label, values) in enumerate(series.items()):
+        ax.bar([x + i * width for x in range(len(workloads))], values, width, label=label)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    top = max((result["summary"][w][s]["speedup_geomean"] or 0.0 for w in workloads for s in systems), default=1.0)
+    top = max((v for values in series.values() for v in values), default=1.0)
     ax.set_ylim(0, max(top, 1.0) * 1.3)
-    ax.set_xticks([x + width * (len(systems) - 1) / 2 for x in range(len(workloads))], workloads)
-    ax.set_ylabel("decode speedup vs HF generate (geomean)")
+    ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(workloads))], workloads)
+    ax.set_ylabel("speedup vs HF generate, geomean\n(decode; fresh process: whole first call)", fontsize=8)
     m = result["machine"]
     ax.set_title(f"{result['config']['model_short']}, {m['cores']} cores, {m['torch_threads']} threads", fontsize=9)
-    ax.legend(fontsize=7, ncol=min(len(systems), 4), loc="upper left")
+    ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     fig.tight_layout()
     with atomic_path(Path(path)) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+        fig.savefig(tmp, dpi=110, format="png", bbox_inches="tight")
     plt.close(fig)
 
 

@@ -1,29 +1,48 @@
 """The systems the benchmark compares, each one timed call of ``model.generate``.
 
-Every system gets the same prompt ids, the same ``max_new_tokens`` and the
-same decoding mode (greedy, or sampling at one temperature with one seed);
+Three kinds:
+
+- ``hf``: HF's own ``generate`` (greedy: the baseline of every speedup), and
+  HF's prompt lookup.
+- ``readme``: exactly the README's lines, default options, nothing the user
+  would not pass (``draft_stats=``, documented, is the one addition)::
+
+      model.generate(**inputs, max_new_tokens=N, custom_generate=retrieval_draft.generate)
+      model.generate(**inputs, max_new_tokens=N, custom_generate=retrieval_draft.generate,
+                     datastore="my-store", draft_tokenizer=tokenizer)
+
+  So the plugin chooses the drafters (prompt lookup + the model's output
+  history, + the store's drafters), opens the store from its path and
+  measures or loads its cost curve itself, inside the timed calls.
+- ``diagnostic``: explicit ``drafters=[...]`` that no README line passes,
+  to explain the numbers (prompt lookup alone, a warm history, the oracle).
+
+Every system gets the same prompt ids, ``max_new_tokens`` and decoding mode
+(greedy, or sampling at one temperature after ``torch.manual_seed(seed)``);
 only the drafting differs. A run's wall time covers the ``generate`` call
-alone; model loading, tokenization and warm-up are outside it.
+alone; model loading and tokenization are outside it.
 """
 
 from __future__ import annotations
 
+import copy
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
+import retrieval_draft
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.engine import DecodeStats
-from retrieval_draft.hf import generate as plugin_generate
 
 HF_PROMPT_LOOKUP_TOKENS = 10
+KINDS = ("hf", "readme", "diagnostic")
 
 
 @dataclass(frozen=True)
@@ -31,14 +50,15 @@ class RunSetup:
     """What every system of one timed run shares.
 
     Attributes:
-        model: the causal LM.
+        model: the causal LM, or (for our systems) a handle on it (``ModelHandles``).
         input_ids: shape (1, L), int64, the prompt.
         max_new_tokens: generation budget.
         sampling: ``generate`` sampling kwargs (temperature, ...); empty = greedy.
-        seed: sampling seed, the same for every system of the run.
+        seed: torch seed set before the call, the same for every system of the run.
         reference: shape (L + m,), int64, HF greedy's full output (for the oracle), or None.
-        datastore: datastore drafters by name ("ngram", "suffix"); empty without a datastore.
-        plugin_kwargs: extra options for our plugin (tree_budget=, max_draft_len=).
+        datastore: the ``--datastore`` path string exactly as given, or None.
+        tokenizer: the tokenizer (``draft_tokenizer=`` of the datastore line).
+        plugin_kwargs: options set on the command line (tree_budget=, max_draft_len=); empty by default.
         history: a saved output history (``tools/warm_history.py``), or None. Every
             run loads its own copy, so what one run generates never reaches another.
     """
@@ -49,7 +69,8 @@ class RunSetup:
     sampling: dict
     seed: int
     reference: np.ndarray | None
-    datastore: dict
+    datastore: str | None
+    tokenizer: object
     plugin_kwargs: dict
     history: Path | None = None
 
@@ -65,44 +86,33 @@ class RunResult:
 
 @dataclass(frozen=True)
 class System:
-    """A named way to generate. ``drafters`` builds our drafter list; None means plain HF."""
+    """A named way to generate.
+
+    ``kind`` is one of ``KINDS``; ``drafters`` builds the explicit drafter list
+    of a diagnostic (None for the others); ``hf_kwargs`` go to HF's generate;
+    ``readme_datastore`` adds ``datastore=PATH, draft_tokenizer=tokenizer``.
+    """
 
     name: str
     label: str
-    needs_datastore: bool
-    needs_reference: bool
-    drafters: Callable[[RunSetup], list[Drafter]] | None
-    hf_kwargs: dict
+    kind: str
+    hf_kwargs: dict | None = None
+    drafters: Callable[[RunSetup], list[Drafter]] | None = None
+    readme_datastore: bool = False
+    needs_reference: bool = False
     needs_history: bool = False
-    plugin_options: dict | None = None  # extra keyword arguments for our plugin
+
+    @property
+    def needs_datastore(self) -> bool:
+        return self.readme_datastore
 
 
 def _prompt(setup: RunSetup) -> list[Drafter]:
     return [PromptLookupDrafter()]
 
 
-def _ngram(setup: RunSetup) -> list[Drafter]:
-    return [setup.datastore["ngram"]]
-
-
-def _suffix(setup: RunSetup) -> list[Drafter]:
-    return [setup.datastore["suffix"]]
-
-
-def _all(setup: RunSetup) -> list[Drafter]:
-    return [PromptLookupDrafter(), setup.datastore["ngram"], setup.datastore["suffix"]]
-
-
-def _warm_history(setup: RunSetup) -> HistoryDrafter:
-    return HistoryDrafter.load(setup.history, vocab_size=setup.model.config.vocab_size)
-
-
 def _history(setup: RunSetup) -> list[Drafter]:
-    return [PromptLookupDrafter(), _warm_history(setup)]
-
-
-def _all_history(setup: RunSetup) -> list[Drafter]:
-    return [*_all(setup), _warm_history(setup)]
+    return [PromptLookupDrafter(), HistoryDrafter.load(setup.history, vocab_size=setup.model.config.vocab_size)]
 
 
 def _oracle(setup: RunSetup) -> list[Drafter]:
@@ -112,59 +122,79 @@ def _oracle(setup: RunSetup) -> list[Drafter]:
 SYSTEMS: dict[str, System] = {
     s.name: s
     for s in (
-        System("hf", "HF generate", False, False, None, {}),
-        System(
-            "hf_pld",
-            f"HF prompt lookup ({HF_PROMPT_LOOKUP_TOKENS})",
-            False,
-            False,
-            None,
-            {"prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS},
-        ),
-        System("prompt", "ours: prompt lookup", False, False, _prompt, {}),
-        System(
-            "prompt_fresh", "ours: prompt lookup, no learning across calls", False, False, _prompt, {},
-            plugin_options={"draft_learning": False},
-        ),
-        System("ngram", "ours: n-gram table", True, False, _ngram, {}),
-        System("suffix", "ours: suffix index", True, False, _suffix, {}),
-        System("all", "ours: all drafters", True, False, _all, {}),
-        System("history", "ours: prompt lookup + warm history", False, False, _history, {}, needs_history=True),
-        System(
-            "all_history", "ours: all drafters + warm history", True, False, _all_history, {}, needs_history=True
-        ),
-        System("oracle", "ours: oracle (ceiling)", False, True, _oracle, {}),
+        System("hf", "HF generate", "hf", hf_kwargs={}),
+        System("hf_pld", f"HF prompt lookup ({HF_PROMPT_LOOKUP_TOKENS})", "hf",
+               hf_kwargs={"prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS}),
+        System("defaults", "ours: defaults (README call)", "readme"),
+        System("datastore", "ours: datastore= (README call)", "readme", readme_datastore=True),
+        System("prompt", "diagnostic: drafters=[prompt lookup]", "diagnostic", drafters=_prompt),
+        System("history", "diagnostic: drafters=[prompt lookup, warm history]", "diagnostic",
+               drafters=_history, needs_history=True),
+        System("oracle", "diagnostic: oracle ceiling", "diagnostic", drafters=_oracle, needs_reference=True),
     )
 }
 
 
+def generate_kwargs(system: System, setup: RunSetup, stats: DecodeStats | None = None) -> dict:
+    """The keyword arguments of ``system``'s ``model.generate`` call (besides the prompt ids).
+
+    HF systems pass ``do_sample`` explicitly, as the README's comparison line
+    does; our README systems pass only what the README shows (greedy is the
+    model's default), plus ``draft_stats=stats`` when given.
+    """
+    kwargs = {"attention_mask": torch.ones_like(setup.input_ids), "max_new_tokens": setup.max_new_tokens}
+    if setup.sampling:
+        kwargs.update(do_sample=True, **setup.sampling)
+    if system.kind == "hf":
+        kwargs.setdefault("do_sample", False)
+        return {**kwargs, **system.hf_kwargs}
+    kwargs.update(setup.plugin_kwargs, custom_generate=retrieval_draft.generate)
+    if system.readme_datastore:
+        kwargs.update(datastore=setup.datastore, draft_tokenizer=setup.tokenizer)
+    if system.drafters is not None:
+        kwargs["drafters"] = system.drafters(setup)
+    if stats is not None:
+        kwargs["draft_stats"] = stats
+    return kwargs
+
+
 def run_system(system: System, setup: RunSetup) -> RunResult:
-    """One timed ``generate`` call of ``system``; sampling reseeds torch with ``setup.seed``."""
-    common = {
-        "attention_mask": torch.ones_like(setup.input_ids),
-        "max_new_tokens": setup.max_new_tokens,
-        "do_sample": bool(setup.sampling),
-        **setup.sampling,
-    }
-    stats = None
-    if system.drafters is None:
-        kwargs = {**common, **system.hf_kwargs}
-    else:
-        stats = DecodeStats()
-        kwargs = {
-            **common,
-            **setup.plugin_kwargs,
-            **(system.plugin_options or {}),
-            "custom_generate": plugin_generate,
-            "drafters": system.drafters(setup),
-            "draft_stats": stats,
-            "draft_seed": setup.seed,
-        }
+    """One timed ``generate`` call of ``system``, after ``torch.manual_seed(setup.seed)``."""
+    stats = None if system.kind == "hf" else DecodeStats()
+    kwargs = generate_kwargs(system, setup, stats)
     torch.manual_seed(setup.seed)
     started = time.perf_counter()
     output = setup.model.generate(setup.input_ids, **kwargs)
     wall = time.perf_counter() - started
     return RunResult(output.detach().cpu(), wall, stats)
+
+
+class ModelHandles:
+    """One handle on the model per (our system, workload, repeat): a shallow copy sharing the weights.
+
+    The plugin remembers per model object (cost curve, learned acceptance
+    rates, output history). A handle per (system, workload, repeat) makes that
+    memory exactly what one process serving that workload's prompts in order
+    would have: its own earlier calls, never the same prompt's output from
+    another system or repeat, nor another workload's (code_chat asks the
+    HumanEval tasks of code_raw). One-off costs of a new model object (the
+    cost curve, unless the plugin finds it on disk) fall in the handle's first
+    timed call. Opened datastores are per process, as the plugin keeps them.
+    HF systems use the model itself.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self._handles: dict[tuple[str, str, int], torch.nn.Module] = {}
+
+    def get(self, system: System, workload: str, repeat: int) -> torch.nn.Module:
+        """The model object ``system`` calls ``generate`` on in this workload and repeat."""
+        if system.kind == "hf":
+            return self.model
+        key = (system.name, workload, repeat)
+        if key not in self._handles:
+            self._handles[key] = copy.copy(self.model)
+        return self._handles[key]
 
 
 def prefill_seconds(model: torch.nn.Module, input_ids: torch.Tensor, tries: int = 3) -> float:

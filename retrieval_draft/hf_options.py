@@ -1,0 +1,167 @@
+"""Which of ``generate``'s options the plugin honours, refuses, or passes on, and its return value.
+
+- Refused (``InvalidInputError`` naming the option, before any model work):
+  options whose result tree verification cannot reproduce (beams, several
+  sequences, attentions / hidden states, contrastive search, DoLa, guidance,
+  SynthID watermarking) or that ask for another speculative method.
+- Passed on: transformers 5.x drops ``generate``'s ``tokenizer`` (and
+  ``assistant_model``) for a callable ``custom_generate`` before building the
+  stopping criteria, so ``stop_strings`` fails with its missing-tokenizer
+  error. ``receives_generate_kwargs`` registers our callable so those
+  arguments reach it, and ``stop_strings`` then stops exactly where HF stops.
+- Returned: with ``return_dict_in_generate`` HF's ``GenerateDecoderOnlyOutput``,
+  with per-token scores / logits when asked (``ScoreRecorder``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Callable
+
+import numpy as np
+import torch
+from transformers.generation import GenerateDecoderOnlyOutput, SynthIDTextWatermarkingConfig
+from transformers.generation.utils import GenerationMixin
+
+from retrieval_draft.errors import InvalidInputError
+
+# Marks callables that receive ``generate``'s ``tokenizer`` / ``assistant_model``, which transformers drops.
+RECEIVES_GENERATE_KWARGS = "__retrieval_draft_receives_generate_kwargs__"
+
+
+def _over(limit):
+    """A test for options that are set above ``limit``."""
+    return lambda value: value is not None and value > limit
+
+
+# option -> (is it set so that honouring it needs what we cannot do?, why); the specific before num_beams
+_REFUSED: dict[str, tuple[Callable, str]] = {
+    "num_beam_groups": (_over(1), "group beam search is not supported"),
+    "num_return_sequences": (_over(1), "one sequence per call; call generate again for more samples"),
+    "constraints": (lambda v: v is not None, "constrained beam search is not supported"),
+    "force_words_ids": (lambda v: v is not None, "constrained beam search is not supported"),
+    "num_beams": (_over(1), "beam search is not supported; retrieval_draft decodes one sequence"),
+    "output_attentions": (bool, "attentions of a verified token tree are not HF's per-token attentions"),
+    "output_hidden_states": (bool, "hidden states of a verified token tree are not HF's per-token states"),
+    "dola_layers": (lambda v: v is not None, "DoLa decoding is not supported"),
+    "guidance_scale": (
+        lambda v: v is not None and v != 1,
+        "classifier-free guidance runs the model inside a stateful processor",
+    ),
+    "prompt_lookup_num_tokens": (
+        lambda v: v is not None,
+        "HF's own prompt lookup; retrieval_draft drafts by itself (prompt lookup included)",
+    ),
+    "assistant_early_exit": (lambda v: v is not None, "HF's self-speculation; retrieval_draft drafts by itself"),
+    "use_mtp": (bool, "multi-token-prediction drafting is not supported; retrieval_draft drafts by itself"),
+    "watermarking_config": (
+        lambda v: isinstance(v, SynthIDTextWatermarkingConfig),
+        "SynthID watermarking keeps per-call state and cannot score a tree",
+    ),
+}
+
+
+def check_options(generation_config, assistant_model=None) -> None:
+    """Raise ``InvalidInputError`` naming the first option the plugin cannot honour.
+
+    Greedy and sampling with any stateless logits processor / warper and any
+    stopping criterion are honoured; so are ``return_dict_in_generate``,
+    ``output_scores`` and ``output_logits``.
+    """
+    if assistant_model is not None:
+        raise InvalidInputError("assistant_model is not supported: retrieval_draft drafts by itself; drop it")
+    for option, (refuses, why) in _REFUSED.items():
+        value = getattr(generation_config, option, None)
+        if refuses(value):
+            raise InvalidInputError(f"{option}={value!r} is not supported: {why}")
+    contrastive = generation_config.penalty_alpha
+    if contrastive is not None and contrastive > 0 and not generation_config.do_sample:
+        raise InvalidInputError(f"penalty_alpha={contrastive!r} (contrastive search) is not supported")
+
+
+class ScoreRecorder:
+    """Per-token raw logits and processed scores, as HF's ``generate`` returns them.
+
+    Called by the engine after each step with the raw logits of the tokens it
+    emitted (shape (k, V), float32, one row per token) and the whole sequence
+    through them (shape (L + m,)); the prefix of token j is
+    ``sequence[: L + m - k + j]``. Costs nothing unless scores or logits were asked for.
+    """
+
+    def __init__(self, processor, scores: bool, logits: bool) -> None:
+        self.processor = processor
+        self.scores: list[torch.Tensor] | None = [] if scores else None
+        self.logits: list[torch.Tensor] | None = [] if logits else None
+
+    def __call__(self, rows: torch.Tensor, sequence: np.ndarray) -> None:
+        start = sequence.shape[0] - rows.shape[0]
+        for j in range(rows.shape[0]):
+            row = rows[j : j + 1]  # (1, V)
+            if self.logits is not None:
+                self.logits.append(row.clone())
+            if self.scores is not None:
+                self.scores.append(self._processed(row, sequence[: start + j]))
+
+    def _processed(self, row: torch.Tensor, prefix: np.ndarray) -> torch.Tensor:
+        """The processor's scores (1, V) for ``row`` after ``prefix`` (shape (P,))."""
+        if self.processor is None or len(self.processor) == 0:
+            return row.clone()
+        ids = torch.from_numpy(prefix.copy()).to(row.device).unsqueeze(0)
+        return self.processor(ids, row.clone())
+
+
+def score_recorder(generation_config, processor) -> ScoreRecorder | None:
+    """A recorder when the caller asked for per-token scores or logits in a returned dict, else None."""
+    if not generation_config.return_dict_in_generate:
+        return None
+    scores, logits = bool(generation_config.output_scores), bool(generation_config.output_logits)
+    return ScoreRecorder(processor, scores, logits) if scores or logits else None
+
+
+def build_output(sequences: torch.Tensor, generation_config, recorder: ScoreRecorder | None):
+    """What HF's ``generate`` returns: ``sequences`` (shape (1, L + m)) itself, or with
+    ``return_dict_in_generate`` a ``GenerateDecoderOnlyOutput`` whose ``scores`` / ``logits``
+    are tuples of m tensors of shape (1, V) when asked for (``past_key_values`` is None)."""
+    if not generation_config.return_dict_in_generate:
+        return sequences
+    scores = tuple(recorder.scores) if recorder is not None and recorder.scores is not None else None
+    logits = tuple(recorder.logits) if recorder is not None and recorder.logits is not None else None
+    return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits)
+
+
+def receives_generate_kwargs(function: Callable) -> Callable:
+    """Register ``function`` (a ``custom_generate`` callable) to receive ``generate``'s
+    ``tokenizer`` and ``assistant_model`` where its signature names them; returns ``function``
+    unchanged."""
+    _install_pass_through()
+    setattr(function, RECEIVES_GENERATE_KWARGS, True)
+    return function
+
+
+def _install_pass_through() -> None:
+    """Wrap ``GenerationMixin._extract_generation_mode_kwargs`` once (no-op where it is absent).
+
+    This is the one process-wide change to transformers this library makes: the
+    wrapper adds ``tokenizer`` / ``assistant_model`` back only for callables marked
+    by ``receives_generate_kwargs``; every other ``generate`` call is unchanged.
+    """
+    original = getattr(GenerationMixin, "_extract_generation_mode_kwargs", None)
+    if original is None or getattr(original, "_passes_on", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def extract(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs).arguments
+        custom, extra = bound.get("custom_generate"), bound.get("kwargs") or {}
+        given = {"tokenizer": extra.get("tokenizer"), "assistant_model": bound.get("assistant_model")}
+        mode_kwargs = original(self, *args, **kwargs)
+        target = custom.func if isinstance(custom, functools.partial) else custom
+        if getattr(target, RECEIVES_GENERATE_KWARGS, False):
+            wanted = inspect.signature(target).parameters
+            mode_kwargs.update({k: v for k, v in given.items() if v is not None and k in wanted})
+        return mode_kwargs
+
+    extract._passes_on = True
+    GenerationMixin._extract_generation_mode_kwargs = extract

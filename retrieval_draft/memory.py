@@ -1,0 +1,123 @@
+"""What the plugin remembers between calls: the one process-wide object.
+
+``PluginMemory`` holds, per live model (weakly keyed, so it goes with the
+model), a ``ModelMemory``: the forward-cost curve, the acceptance rates its
+planners observed (greedy and sampling apart) and the output history that
+the default drafters copy from; and, for the process, the opened datastores
+(``StoreCache``) and tokenizer fingerprints. ``PROCESS_MEMORY`` is the
+instance the plugin uses unless a call passes ``draft_memory=``; users may
+hold it, ``reset()`` it, or pass ``draft_learning=False`` to bypass the
+learned parts. Nothing in it changes what is generated, only how fast.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from retrieval_draft.calibration import AcceptanceCalibrator
+from retrieval_draft.cost import ObservedCost, VerifyCost
+from retrieval_draft.drafters.history import HistoryDrafter
+from retrieval_draft.store_cache import StoreCache
+
+
+@dataclass
+class ModelMemory:
+    """One model's memory in this process.
+
+    Attributes:
+        cost: measured forward cost by tree size, or None until first needed.
+        observed: corrections of ``cost`` from the forward times decoding saw.
+        rates: sampling flag -> drafter name -> calibrator (shared, updated in place);
+            read from the disk cache when the memory is created (``rates_file``).
+        history: earlier prompts and outputs (bounded, 4 MB at most by default).
+    """
+
+    cost: VerifyCost | None = None
+    observed: ObservedCost = field(default_factory=ObservedCost)
+    rates: dict[bool, dict[str, AcceptanceCalibrator]] = field(default_factory=lambda: {False: {}, True: {}})
+    history: HistoryDrafter = field(default_factory=HistoryDrafter)
+    rates_saved_at: float = 0.0  # time.monotonic() of the last save to disk
+
+
+class PluginMemory:
+    """Per-model memories plus the process's opened datastores; thread-safe creation.
+
+    ``persist``: read and write learned rates in the disk cache (``rates_file``).
+    """
+
+    def __init__(self, persist: bool = True) -> None:
+        self.persist = persist
+        self._models: "weakref.WeakKeyDictionary[torch.nn.Module, ModelMemory]" = weakref.WeakKeyDictionary()
+        self._fingerprints: "weakref.WeakKeyDictionary[object, tuple[int, str]]" = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        self.stores = StoreCache()
+
+    def model(self, model: torch.nn.Module) -> ModelMemory:
+        """The memory of ``model`` (created empty on first use)."""
+        with self._lock:
+            memory = self._models.get(model)
+            if memory is None:
+                memory = self._models[model] = ModelMemory()
+                if self.persist:
+                    from retrieval_draft.rates_file import rates_path, read_rates
+
+                    memory.rates = read_rates(rates_path(model)) or memory.rates
+            return memory
+
+    def save_learned(self, model: torch.nn.Module, force: bool = False) -> None:
+        """When ``persist`` and the last save is old enough: write ``model``'s learned rates
+        to disk, and its cost curve too where observed forward times drifted from it."""
+        from retrieval_draft.cost_file import store_cost
+        from retrieval_draft.rates_file import SAVE_INTERVAL_S, rates_path, write_rates
+
+        memory = self.model(model)
+        now = time.monotonic()
+        if not self.persist or not (force or not memory.rates_saved_at or now - memory.rates_saved_at >= SAVE_INTERVAL_S):
+            return
+        memory.rates_saved_at = now
+        write_rates(rates_path(model), memory.rates)
+        if memory.cost is not None and memory.observed.drifted():
+            memory.cost = memory.observed.apply(memory.cost)
+            memory.observed = ObservedCost()
+            store_cost(model, memory.cost)
+
+    def knows(self, model: torch.nn.Module) -> bool:
+        """Whether anything is remembered for ``model``."""
+        return model in self._models
+
+    def cost(self, model: torch.nn.Module) -> VerifyCost:
+        """The model's cost curve: remembered, else read from the disk cache or measured once."""
+        from retrieval_draft.cost_file import load_or_measure_cost
+
+        memory = self.model(model)
+        if memory.cost is None:
+            memory.cost = load_or_measure_cost(model)
+        return memory.cost
+
+    def fingerprint(self, tokenizer) -> str:
+        """The tokenizer's fingerprint, computed once per tokenizer object and size
+        (adding tokens recomputes it; hashing a 50k vocabulary takes tens of ms)."""
+        from datastore.tokenizer import tokenizer_fingerprint
+
+        try:
+            found = self._fingerprints.get(tokenizer)
+        except TypeError:  # not weakly referenceable: compute every time
+            return tokenizer_fingerprint(tokenizer)
+        if found is None or found[0] != len(tokenizer):
+            found = self._fingerprints[tokenizer] = (len(tokenizer), tokenizer_fingerprint(tokenizer))
+        return found[1]
+
+    def reset(self) -> None:
+        """Forget every model's memory and every opened store."""
+        with self._lock:
+            self._models.clear()
+            self._fingerprints.clear()
+        self.stores.clear()
+
+
+PROCESS_MEMORY = PluginMemory()

@@ -1,0 +1,79 @@
+"""Learned acceptance rates kept on disk, so a new process starts where the last one stopped.
+
+The rates (``AcceptanceCalibrator`` counts per drafter, greedy and sampling
+apart) describe how often a model accepts each drafter's guesses; they change
+tree sizes, never outputs. A fresh process otherwise starts from the priors,
+which on chat prompts trust long prompt-lookup chains too much for the first
+few dozen steps. The file sits in the user cache directory
+(``cache_dir.cache_root``) under ``learned-rates/<model key>.json``, keyed by
+the model config (its name or path included: a fine-tune accepts differently);
+written atomically at most every ``SAVE_INTERVAL_S`` seconds; a damaged or
+foreign file is ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from retrieval_draft.cache_dir import cache_root
+from retrieval_draft.calibration import AcceptanceCalibrator
+
+RATES_FILE_FORMAT = 1
+SAVE_INTERVAL_S = 30.0
+
+Rates = dict[bool, dict[str, AcceptanceCalibrator]]
+
+
+def rates_path(model: torch.nn.Module) -> Path:
+    """Where ``model``'s rates are kept."""
+    config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
+    digest = hashlib.sha256(f"{RATES_FILE_FORMAT}:{config}".encode("utf-8")).hexdigest()[:32]
+    return cache_root() / "learned-rates" / f"{digest}.json"
+
+
+def _calibrator(body: dict) -> AcceptanceCalibrator:
+    calibrator = AcceptanceCalibrator(prior_scale=float(body["prior_scale"]))
+    hits, trials = np.asarray(body["hits"], np.float64), np.asarray(body["trials"], np.float64)
+    if hits.shape != calibrator.hits.shape or trials.shape != calibrator.trials.shape:
+        raise ValueError("calibrator shape differs")
+    if not (np.all(np.isfinite(trials)) and np.all(hits >= 0) and np.all(hits <= trials + 1e-9)):
+        raise ValueError("counts out of range")
+    calibrator.hits, calibrator.trials = hits, trials
+    return calibrator
+
+
+def read_rates(path: Path) -> Rates | None:
+    """The rates stored at ``path``, or None when absent or damaged."""
+    try:
+        body = json.loads(path.read_bytes())
+        if body.get("format") != RATES_FILE_FORMAT:
+            return None
+        return {
+            sampling: {name: _calibrator(c) for name, c in body[key].items()}
+            for sampling, key in ((False, "greedy"), (True, "sampling"))
+        }
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def write_rates(path: Path, rates: Rates) -> None:
+    """Store ``rates`` atomically; an unwritable cache directory is skipped silently."""
+    from datastore.atomic import atomic_write_bytes
+
+    def plain(calibrators: dict[str, AcceptanceCalibrator]) -> dict:
+        return {
+            name: {"prior_scale": c.prior_scale, "hits": c.hits.tolist(), "trials": c.trials.tolist()}
+            for name, c in list(calibrators.items())
+        }
+
+    body = {"format": RATES_FILE_FORMAT, "greedy": plain(rates[False]), "sampling": plain(rates[True])}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps(body).encode("utf-8"))
+    except OSError:
+        pass

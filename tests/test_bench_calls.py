@@ -1,0 +1,119 @@
+"""The benchmark calls ``generate`` as the README does, and its fresh-process entry works (tiny model)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import TINY_VOCAB, make_tiny_llama, random_prompt
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+
+import bench  # noqa: E402
+import retrieval_draft  # noqa: E402
+from bench_fresh import first_call_command, fresh_process_rows, fresh_table  # noqa: E402
+from bench_systems import SYSTEMS, ModelHandles, RunSetup, generate_kwargs, run_system  # noqa: E402
+from bench_workloads import BenchPrompt  # noqa: E402
+
+STORE = "some/store-dir"
+OURS_EXTRAS = {"custom_generate", "datastore", "draft_tokenizer", "draft_stats"}
+
+
+def setup_for(model, ids, datastore=STORE, tokenizer="the-tokenizer", reference=None) -> RunSetup:
+    return RunSetup(model, ids, 8, {}, 0, reference, datastore, tokenizer, {}, None)
+
+
+def test_default_system_passes_no_drafters_and_nothing_users_do_not_pass():
+    ids = random_prompt(0)
+    kwargs = generate_kwargs(SYSTEMS["defaults"], setup_for(None, ids), retrieval_draft.DecodeStats())
+    assert kwargs["custom_generate"] is retrieval_draft.generate
+    assert set(kwargs) == {"attention_mask", "max_new_tokens", "custom_generate", "draft_stats"}
+
+
+def test_datastore_system_passes_the_path_string_and_the_tokenizer():
+    kwargs = generate_kwargs(SYSTEMS["datastore"], setup_for(None, random_prompt(0)))
+    assert kwargs["datastore"] == STORE and isinstance(kwargs["datastore"], str)
+    assert kwargs["draft_tokenizer"] == "the-tokenizer"
+    assert "drafters" not in kwargs and set(kwargs) - {"attention_mask", "max_new_tokens"} <= OURS_EXTRAS
+
+
+def test_every_system_is_hf_readme_or_a_labelled_diagnostic():
+    for system in SYSTEMS.values():
+        if system.kind == "readme":
+            assert system.drafters is None and "(README call)" in system.label
+        elif system.kind == "diagnostic":
+            assert system.drafters is not None and system.label.startswith("diagnostic:")
+        else:
+            assert system.kind == "hf" and system.label.startswith("HF")
+    kwargs = generate_kwargs(SYSTEMS["hf"], setup_for(None, random_prompt(0)))
+    assert kwargs["do_sample"] is False and "custom_generate" not in kwargs
+
+
+def test_readme_defaults_call_equals_greedy_on_its_own_handle(tiny_llama):
+    ids = random_prompt(3, repeat=3)
+    handles = ModelHandles(tiny_llama)
+    handle = handles.get(SYSTEMS["defaults"], "grounded", 0)
+    assert handle is not tiny_llama and handle.model is tiny_llama.model  # weights shared
+    assert handles.get(SYSTEMS["defaults"], "grounded", 0) is handle
+    assert handles.get(SYSTEMS["defaults"], "grounded", 1) is not handle
+    assert handles.get(SYSTEMS["prompt"], "grounded", 0) is not handle
+    assert handles.get(SYSTEMS["hf"], "grounded", 0) is tiny_llama
+    reference = run_system(SYSTEMS["hf"], setup_for(tiny_llama, ids, None)).output
+    ours = run_system(SYSTEMS["defaults"], setup_for(handle, ids, None))
+    assert torch.equal(ours.output, reference) and ours.stats.steps > 0
+
+
+def test_parse_args_quick_skips_the_fresh_process_and_full_measures_it(tmp_path):
+    quick = bench.parse_args(["--quick", "--systems", "oracle,defaults"])
+    assert quick.fresh_process is False and quick.systems == ["hf", "defaults", "oracle"]
+    assert bench.parse_args([]).fresh_process is True
+    assert bench.parse_args(["--quick", "--fresh-process"]).fresh_process is True
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--quick", "--datastore", str(tmp_path / "missing")])
+
+
+def test_first_call_command_passes_the_datastore_to_ours_only():
+    args = argparse.Namespace(max_new_tokens=8, model=None, threads=2, sampling=False, temperature=0.7, seed=0)
+    ours, plain = first_call_command("ours", args, STORE), first_call_command("hf", args, STORE)
+    assert ours[0] == sys.executable and ours[1].endswith("first_call.py")
+    assert ours[ours.index("--datastore") + 1] == STORE and "--datastore" not in plain
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """The tiny Llama saved with a word-level fast tokenizer, loadable by ``load_model`` / ``load_tokenizer``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny-model")
+    make_tiny_llama().save_pretrained(folder)
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, TINY_VOCAB)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_fresh_process_runs_both_calls_in_new_processes(tiny_model_dir):
+    args = argparse.Namespace(
+        max_new_tokens=8, model=str(tiny_model_dir), threads=1, sampling=False, temperature=0.7, seed=0, datastore=None
+    )
+    prompt = BenchPrompt("grounded", "tiny-0", "w3 w4", False)
+    rows = fresh_process_rows(args, [prompt], [random_prompt(5, repeat=3)], log=lambda line: None)
+    (row,) = rows
+    assert row["ratio"] is not None and row["ratio"] > 0, row
+    assert row["identical"] is True
+    for system in ("ours", "hf"):
+        record = row[system]
+        assert record["new_tokens"] == 8 and record["prompt_tokens"] == 72
+        assert record["generate_s"] > 0 and record["load_s"] > 0 and record["import_s"] > 0
+        assert record["process_s"] > record["generate_s"]
+    assert row["ours"]["stats"]["steps"] > 0 and row["hf"]["stats"] is None
+    table = fresh_table({"fresh_process": {"rows": rows}})
+    assert "| grounded | tiny-0 | 8 |" in table and "| yes |" in table
