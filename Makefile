@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python tools/demo.py --store $(DEMO_STORE)
+	$(BIN)/python -m tools.demo --store $(DEMO_STORE)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -1,6 +1,8 @@
-"""Offline retrieval datastore: corpus readers, tokenisation, Numba counting kernels,
-Arrow files plus a datrie suffix index, a checksummed manifest, and the reader.
+"""Offline datastore builder, installed as ``retrieval_draft_datastore``: corpus readers,
+tokenisation, Numba sorting and counting kernels, index writing, merge, and the CLI
+subcommands (build, inspect, stats, merge).
 
-Entry points: ``datastore.builder.build`` / ``merge``, ``datastore.store.open_datastore``,
-``datastore.commands.register`` (CLI). Importing this package loads nothing heavy.
+It writes the format that ``retrieval_draft.store`` defines and reads; imports run one
+way, from here into the runtime. Entry points: ``retrieval_draft_datastore.builder.build``
+/ ``merge`` and ``retrieval_draft_datastore.commands.register``.
 """

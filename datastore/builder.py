@@ -14,16 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
-from datastore.atomic import swap_into_place, temp_dir_next_to
-from datastore.encode import encode_corpus
-from datastore.index import IndexParams, write_index
-from datastore.layout import FORMAT_VERSION, separator_id, token_dtype
-from datastore.manifest import write_manifest
-from datastore.sources import SourceOptions, iter_documents
-from datastore.store import open_datastore
-from datastore.suffix_trie import key_width
-from datastore.tokenizer import tokenizer_fingerprint, tokenizer_vocab_size
+from retrieval_draft.atomic import swap_into_place, temp_dir_next_to
 from retrieval_draft.errors import TokenizerMismatchError
+from retrieval_draft.store.layout import FORMAT_VERSION, separator_id, token_dtype
+from retrieval_draft.store.manifest import write_manifest
+from retrieval_draft.store.reader import open_datastore
+from retrieval_draft.store.suffix_trie import key_width
+from retrieval_draft.store.tokenizer import tokenizer_fingerprint, tokenizer_vocab_size
+from retrieval_draft_datastore.encode import encode_corpus
+from retrieval_draft_datastore.index import IndexParams, write_index
+from retrieval_draft_datastore.sources import SourceOptions, iter_documents
 
 SPOOL = "tokens.spool"
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from datastore.index import IndexParams
-from datastore.sources import SourceOptions
-from datastore.store import Datastore, open_datastore
+from retrieval_draft.store.reader import Datastore, open_datastore
+from retrieval_draft_datastore.index import IndexParams
+from retrieval_draft_datastore.sources import SourceOptions
 
 
 def _add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
@@ -60,14 +60,14 @@ def register(subparsers) -> None:
 
 
 def _tokenizer(args):
-    from retrieval_draft.models import load_tokenizer
+    from retrieval_draft.target.models import load_tokenizer
 
     return load_tokenizer(args.tokenizer or args.model)
 
 
 def cmd_build(args) -> int:
     """``build``: tokenise and index the sources into ``--out``."""
-    from datastore.builder import build
+    from retrieval_draft_datastore.builder import build
 
     params = IndexParams(max_order=args.max_order, top_k=args.top_k, min_count=args.min_count,
                          sort_depth=args.sort_depth, trie_depth=args.trie_depth)
@@ -83,7 +83,7 @@ def cmd_build(args) -> int:
 
 def cmd_merge(args) -> int:
     """``merge``: recount two stores' streams into ``--out``."""
-    from datastore.builder import merge
+    from retrieval_draft_datastore.builder import merge
 
     stats = merge(args.first, args.second, args.out)["stats"]
     print(f"merged into {args.out}: {stats['documents']} documents, {stats['tokens']} tokens")

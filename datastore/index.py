@@ -1,7 +1,7 @@
 """Index a token stream: suffix array, Markov n-gram table, suffix trie, as files.
 
 Input is the whole stream (shape (T,), uint16/uint32, separator-terminated
-documents); output is the data files of ``datastore.layout`` written into a
+documents); output is the data files of ``retrieval_draft.store.layout`` written into a
 directory. Memory peaks at about 20 bytes per token during the sort.
 """
 
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from datastore.arrow_io import write_table
-from datastore.kernels_count import capped_lcp, count_ngrams, trie_ranges, valid_lengths
-from datastore.kernels_sort import sort_suffixes
-from datastore.layout import NGRAM, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE
-from datastore.suffix_trie import build_trie, encode_rows, key_width
 from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.store.arrow_io import write_table
+from retrieval_draft.store.layout import NGRAM, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE
+from retrieval_draft.store.suffix_trie import build_trie, encode_rows, key_width
+from retrieval_draft_datastore.kernels_count import capped_lcp, count_ngrams, trie_ranges, valid_lengths
+from retrieval_draft_datastore.kernels_sort import sort_suffixes
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from datastore.layout import MAX_STREAM_TOKENS
+from retrieval_draft.store.layout import MAX_STREAM_TOKENS
 
 RADIX_BITS = 11
 

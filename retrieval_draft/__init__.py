@@ -6,12 +6,12 @@ pass. Greedy output is token-identical to the model alone; sampling keeps the
 model's distribution.
 """
 
-from retrieval_draft.engine import DecodeOptions, DecodeStats, speculative_decode
+from retrieval_draft.decode.engine import DecodeOptions, DecodeStats, speculative_decode
 from retrieval_draft.errors import RetrievalDraftError
 from retrieval_draft.hf import generate, open_datastore
 from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
 
-__all__ = [
+__all__ = (
     "DecodeOptions",
     "DecodeStats",
     "PROCESS_MEMORY",
@@ -20,5 +20,5 @@ __all__ = [
     "generate",
     "open_datastore",
     "speculative_decode",
-]
+)
 __version__ = "0.1.0"

@@ -1,9 +1,8 @@
-"""The ``retrieval-draft`` console script.
+"""The ``generate`` subcommand of the ``retrieval-draft`` program (text in, text out).
 
-    retrieval-draft generate --prompt "..." [--chat] [--max-new-tokens N] [--compare]
-    retrieval-draft build / inspect / merge / stats   (datastores; see datastore.commands)
-
-Errors we raise on purpose print as one line (``error: ...``) with exit code 2.
+The program itself (``retrieval_draft_datastore.cli``) adds the builder's
+commands. Errors we raise on purpose print as one line (``error: ...``) with
+exit code 2 (``run``).
 """
 
 from __future__ import annotations
@@ -14,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from retrieval_draft.config import DEFAULTS
+from retrieval_draft.drafters.registry import DRAFTERS, STORE_DRAFTERS
 from retrieval_draft.errors import InvalidInputError, RetrievalDraftError
 
 # generate's numeric flags: (flag, argparse attribute, valid?, the rule in words); unset (None) is fine.
@@ -27,7 +28,8 @@ _NUMBER_RULES = (
 )
 
 
-def _add_generate(sub) -> None:
+def add_generate(sub) -> None:
+    """Register the ``generate`` subcommand on an argparse subparsers object."""
     gen = sub.add_parser("generate", help="generate text with tree-verified retrieval drafts")
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="the prompt text")
@@ -36,15 +38,17 @@ def _add_generate(sub) -> None:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--datastore", default=None, help="datastore directory built by `retrieval-draft build`")
-    gen.add_argument("--drafters", default="all", help="comma list of prompt,ngram,suffix,history or 'all' (prompt + datastore drafters)")
+    gen.add_argument(
+        "--drafters", default="all", help=f"comma list of {','.join(DRAFTERS)} or 'all' (prompt + datastore drafters)"
+    )
     gen.add_argument(
         "--history",
         default=None,
         help="output-history file (.npz): loaded when present, drafted from, and saved with this generation added",
     )
-    gen.add_argument("--tree-budget", type=int, default=32, help="most draft nodes per verification tree")
+    gen.add_argument("--tree-budget", type=int, default=DEFAULTS.tree_budget, help="most draft nodes per verification tree")
     gen.add_argument("--fixed-tree", action="store_true", help="always verify --tree-budget nodes (no cost-aware sizing)")
-    gen.add_argument("--max-draft-len", type=int, default=32, help="deepest draft path in tokens")
+    gen.add_argument("--max-draft-len", type=int, default=DEFAULTS.max_draft_len, help="deepest draft path in tokens")
     gen.add_argument("--temperature", type=float, default=None, help="sample at this temperature (default: greedy)")
     gen.add_argument("--top-k", type=int, default=None)
     gen.add_argument("--top-p", type=float, default=None)
@@ -53,20 +57,8 @@ def _add_generate(sub) -> None:
     gen.set_defaults(func=run_generate)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="retrieval-draft", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_generate(sub)
-    from datastore.commands import register
-
-    register(sub)  # build, inspect, merge, stats
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed subcommand; errors we raise on purpose print as one line and return 2."""
     try:
         return int(args.func(args) or 0)
     except RetrievalDraftError as error:
@@ -90,7 +82,7 @@ def run_generate(args: argparse.Namespace) -> int:
     sampling = {k: v for k, v in (("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p)) if v is not None}
     drafters = args.drafters
     if args.history and "history" not in drafters.split(","):
-        drafters = ("prompt,ngram,suffix" if args.datastore else "prompt") if drafters == "all" else drafters
+        drafters = ",".join(["prompt", *(STORE_DRAFTERS if args.datastore else ())]) if drafters == "all" else drafters
         drafters += ",history"
     request = GenerationRequest(
         prompt=prompt,
@@ -137,7 +129,3 @@ def _stats_line(stats: dict) -> str:
         f"{stats['new_tokens']} tokens, {stats['decode_tokens_per_s']} tokens/s decode, "
         f"{stats['mean_accepted']} accepted per step, prefill {stats['prefill_s']} s"
     )
-
-
-if __name__ == "__main__":
-    sys.exit(main())

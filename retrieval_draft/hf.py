@@ -18,18 +18,20 @@ import torch
 from transformers.generation import GenerateDecoderOnlyOutput
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
+from retrieval_draft.config import DEFAULTS, DraftConfig
+from retrieval_draft.decode.engine import DecodeOptions, DecodeStats, speculative_decode
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
-from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
-from retrieval_draft.engine import DecodeOptions, DecodeStats, speculative_decode
+from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
 from retrieval_draft.errors import InvalidInputError
-from retrieval_draft.hf_options import build_output, check_options, receives_generate_kwargs, score_recorder
+from retrieval_draft.hf_options import build_output, check_options, score_recorder
 from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
-from retrieval_draft.model_adapter import TreeModel, context_limit, validate_prompt
-from retrieval_draft.planner import TreePlanner
+from retrieval_draft.planning.planner import TreePlanner
+from retrieval_draft.target.generate_kwargs import eos_token_ids, receives_generate_kwargs
+from retrieval_draft.target.tree_model import TreeModel, context_limit, validate_prompt
 
 if TYPE_CHECKING:
-    from datastore.store import Datastore
+    from retrieval_draft.store.reader import Datastore
 
 
 @receives_generate_kwargs
@@ -46,10 +48,10 @@ def generate(
     drafters: Sequence[Drafter] | None = None,
     datastore: str | Path | Datastore | None = None,
     draft_tokenizer=None,
-    draft_learning: bool = True,
-    tree_budget: int = 32,
-    max_draft_len: int = 32,
-    adaptive_tree: bool = True,
+    draft_learning: bool = DEFAULTS.draft_learning,
+    tree_budget: int = DEFAULTS.tree_budget,
+    max_draft_len: int = DEFAULTS.max_draft_len,
+    adaptive_tree: bool = DEFAULTS.adaptive_tree,
     draft_planner: TreePlanner | None = None,
     draft_streamer=None,
     draft_stats: DecodeStats | None = None,
@@ -97,85 +99,91 @@ def generate(
         ``output_scores`` / ``output_logits`` ask for them.
     """
     check_options(generation_config, assistant_model)
+    config = DraftConfig(tree_budget, max_draft_len, adaptive_tree, draft_learning)
     attention_mask = model_kwargs.get("attention_mask")
     if attention_mask is not None and not bool(attention_mask.all()):
         raise InvalidInputError("padded inputs are not supported; pass one unpadded sequence")
     max_new_tokens = int(generation_config.max_length) - input_ids.shape[1]
     validate_prompt(input_ids, max_new_tokens, model.config.vocab_size, context_limit(model))
-    eos = generation_config._eos_token_tensor
     options = DecodeOptions(
         max_new_tokens=max_new_tokens,
-        eos_ids=frozenset(eos.flatten().tolist()) if eos is not None else frozenset(),
-        tree_budget=tree_budget,
-        max_draft_len=max_draft_len,
+        eos_ids=eos_token_ids(generation_config),
+        max_draft_len=config.max_draft_len,
         do_sample=bool(generation_config.do_sample),
     )
-    recorder = score_recorder(generation_config, logits_processor)
     memory = draft_memory if draft_memory is not None else PROCESS_MEMORY
     if drafters is not None:
         chosen = list(drafters)
     else:
-        chosen = default_drafters(datastore, model, draft_tokenizer or tokenizer, memory)
-        if draft_learning:
-            chosen.append(memory.model(model).history)
-    generator = None
-    if options.do_sample:
-        generator = torch.Generator(device="cpu")
-        # Without a seed of its own, draw one from torch's global generator: that
-        # respects (and advances) torch.manual_seed as HF sampling does.
-        seed = draft_seed if draft_seed is not None else int(torch.randint(0, 2**62, (1,)))
-        generator.manual_seed(seed)
-    if draft_streamer is not None:
-        draft_streamer.put(input_ids.cpu())
-    planner = draft_planner
-    if planner is None:
-        rates = memory.model(model).rates[options.do_sample] if draft_learning else None
-        planner = make_planner(model, tree_budget, adaptive_tree, rates, memory)
-        if draft_learning:
-            planner.observed = memory.model(model).observed
-    measured = planner.cost.skinny_sizes if planner.cost is not None else None
-    new, stats = speculative_decode(
-        TreeModel(model, skinny_sizes=measured),
-        input_ids,
-        chosen,
-        options,
-        processor=logits_processor,
-        generator=generator,
-        on_tokens=(lambda tokens: draft_streamer.put(torch.from_numpy(tokens))) if draft_streamer else None,
-        should_stop=_extra_stop_check(stopping_criteria),
-        planner=planner,
-        on_logits=recorder,
-    )
-    if draft_streamer is not None:
-        draft_streamer.end()
+        chosen = default_drafters(datastore, model, draft_tokenizer or tokenizer, memory, config.draft_learning)
+    recorder = score_recorder(generation_config, logits_processor)
+    generator = _sampling_generator(draft_seed) if options.do_sample else None
+    # One generation at a time per model: a tree forward switches the model's attention
+    # function and linear layers for its duration, which another thread must not see.
+    with memory.model(model).lock:
+        planner = draft_planner if draft_planner is not None else make_planner(model, config, options.do_sample, memory)
+        measured = planner.cost.skinny_sizes if planner.cost is not None else None
+        if draft_streamer is not None:
+            draft_streamer.put(input_ids.cpu())
+        new, stats = speculative_decode(
+            TreeModel(model, skinny_sizes=measured),
+            input_ids,
+            chosen,
+            options,
+            processor=logits_processor,
+            generator=generator,
+            on_tokens=(lambda tokens: draft_streamer.put(torch.from_numpy(tokens))) if draft_streamer else None,
+            should_stop=_extra_stop_check(stopping_criteria),
+            planner=planner,
+            on_logits=recorder,
+        )
+        if draft_streamer is not None:
+            draft_streamer.end()
+        if config.draft_learning and draft_planner is None:
+            memory.save_learned(model)
     if draft_stats is not None:
         draft_stats.__dict__.update(stats.__dict__)
-    if draft_learning and draft_planner is None:
-        memory.save_learned(model)
     sequences = torch.cat([input_ids, torch.from_numpy(new).to(input_ids.device)[None]], dim=1)
     return build_output(sequences, generation_config, recorder)
 
 
-def make_planner(
-    model, tree_budget: int, adaptive: bool, calibrators: dict | None = None, memory: PluginMemory = PROCESS_MEMORY
-) -> TreePlanner:
-    """A tree planner: cost-aware when ``adaptive`` (the model's curve from ``memory``, kept on
-    disk across processes), else fixed size; ``calibrators`` as for ``TreePlanner``."""
-    cost = memory.cost(model) if adaptive else None
-    return TreePlanner(max_nodes=tree_budget, cost=cost, calibrators=calibrators)
+def _sampling_generator(seed: int | None) -> torch.Generator:
+    """A CPU generator seeded with ``seed``; without one, drawn from torch's global generator,
+    which respects (and advances) ``torch.manual_seed`` as HF sampling does."""
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
+    return generator
+
+
+def make_planner(model, config: DraftConfig, sampling: bool, memory: PluginMemory = PROCESS_MEMORY) -> TreePlanner:
+    """A tree planner for one call: cost-aware when ``config.adaptive_tree`` (the model's
+    curve from ``memory``, kept on disk across processes), else fixed size; with
+    ``config.draft_learning`` it shares the model's learned rates and cost corrections."""
+    cost = memory.cost(model) if config.adaptive_tree else None
+    if not config.draft_learning:
+        return TreePlanner(max_nodes=config.tree_budget, cost=cost)
+    learned = memory.model(model)
+    return TreePlanner(
+        max_nodes=config.tree_budget, cost=cost, calibrators=learned.rates[bool(sampling)], observed=learned.observed
+    )
 
 
 def default_drafters(
-    datastore: str | Path | Datastore | None, model, tokenizer=None, memory: PluginMemory = PROCESS_MEMORY
+    datastore: str | Path | Datastore | None,
+    model,
+    tokenizer=None,
+    memory: PluginMemory = PROCESS_MEMORY,
+    learning: bool = DEFAULTS.draft_learning,
 ) -> list[Drafter]:
-    """Prompt lookup, plus the datastore's drafters when a datastore (path or opened store) is given."""
-    chosen: list[Drafter] = [PromptLookupDrafter()]
-    if datastore is not None:
-        from retrieval_draft.drafters.datastore import datastore_drafters
+    """The registry's default menu: prompt lookup, the datastore's drafters when a datastore
+    (path or opened store) is given, and with ``learning`` the model's output history."""
+    from retrieval_draft.drafters.datastore import open_checked_store
 
-        vocab_size = model.config.vocab_size
-        chosen.extend(datastore_drafters(datastore, vocab_size=vocab_size, tokenizer=tokenizer, memory=memory))
-    return chosen
+    store = None
+    if datastore is not None:
+        store = open_checked_store(datastore, vocab_size=model.config.vocab_size, tokenizer=tokenizer, memory=memory)
+    sources = DraftSources(store=store, history=memory.model(model).history if learning else None)
+    return make_drafters(default_names(sources), sources)
 
 
 def open_datastore(path: str | Path, memory: PluginMemory = PROCESS_MEMORY) -> Datastore:

@@ -4,30 +4,23 @@
   options whose result tree verification cannot reproduce (beams, several
   sequences, attentions / hidden states, contrastive search, DoLa, guidance,
   SynthID watermarking) or that ask for another speculative method.
-- Passed on: transformers 5.x drops ``generate``'s ``tokenizer`` (and
-  ``assistant_model``) for a callable ``custom_generate`` before building the
-  stopping criteria, so ``stop_strings`` fails with its missing-tokenizer
-  error. ``receives_generate_kwargs`` registers our callable so those
-  arguments reach it, and ``stop_strings`` then stops exactly where HF stops.
+- Passed on: ``generate``'s ``tokenizer`` (for ``stop_strings``) and
+  ``assistant_model``, which transformers 5.x drops for callables
+  (``target.generate_kwargs`` puts them back).
 - Returned: with ``return_dict_in_generate`` HF's ``GenerateDecoderOnlyOutput``,
   with per-token scores / logits when asked (``ScoreRecorder``).
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
+from types import MappingProxyType
 from typing import Callable
 
 import numpy as np
 import torch
 from transformers.generation import GenerateDecoderOnlyOutput, SynthIDTextWatermarkingConfig
-from transformers.generation.utils import GenerationMixin
 
 from retrieval_draft.errors import InvalidInputError
-
-# Marks callables that receive ``generate``'s ``tokenizer`` / ``assistant_model``, which transformers drops.
-RECEIVES_GENERATE_KWARGS = "__retrieval_draft_receives_generate_kwargs__"
 
 
 def _over(limit):
@@ -36,7 +29,7 @@ def _over(limit):
 
 
 # option -> (is it set so that honouring it needs what we cannot do?, why); the specific before num_beams
-_REFUSED: dict[str, tuple[Callable, str]] = {
+_REFUSED: "MappingProxyType[str, tuple[Callable, str]]" = MappingProxyType({
     "num_beam_groups": (_over(1), "group beam search is not supported"),
     "num_return_sequences": (_over(1), "one sequence per call; call generate again for more samples"),
     "constraints": (lambda v: v is not None, "constrained beam search is not supported"),
@@ -59,7 +52,7 @@ _REFUSED: dict[str, tuple[Callable, str]] = {
         lambda v: isinstance(v, SynthIDTextWatermarkingConfig),
         "SynthID watermarking keeps per-call state and cannot score a tree",
     ),
-}
+})
 
 
 def check_options(generation_config, assistant_model=None) -> None:
@@ -128,40 +121,3 @@ def build_output(sequences: torch.Tensor, generation_config, recorder: ScoreReco
     scores = tuple(recorder.scores) if recorder is not None and recorder.scores is not None else None
     logits = tuple(recorder.logits) if recorder is not None and recorder.logits is not None else None
     return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits)
-
-
-def receives_generate_kwargs(function: Callable) -> Callable:
-    """Register ``function`` (a ``custom_generate`` callable) to receive ``generate``'s
-    ``tokenizer`` and ``assistant_model`` where its signature names them; returns ``function``
-    unchanged."""
-    _install_pass_through()
-    setattr(function, RECEIVES_GENERATE_KWARGS, True)
-    return function
-
-
-def _install_pass_through() -> None:
-    """Wrap ``GenerationMixin._extract_generation_mode_kwargs`` once (no-op where it is absent).
-
-    This is the one process-wide change to transformers this library makes: the
-    wrapper adds ``tokenizer`` / ``assistant_model`` back only for callables marked
-    by ``receives_generate_kwargs``; every other ``generate`` call is unchanged.
-    """
-    original = getattr(GenerationMixin, "_extract_generation_mode_kwargs", None)
-    if original is None or getattr(original, "_passes_on", False):
-        return
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def extract(self, *args, **kwargs):
-        bound = signature.bind(self, *args, **kwargs).arguments
-        custom, extra = bound.get("custom_generate"), bound.get("kwargs") or {}
-        given = {"tokenizer": extra.get("tokenizer"), "assistant_model": bound.get("assistant_model")}
-        mode_kwargs = original(self, *args, **kwargs)
-        target = custom.func if isinstance(custom, functools.partial) else custom
-        if getattr(target, RECEIVES_GENERATE_KWARGS, False):
-            wanted = inspect.signature(target).parameters
-            mode_kwargs.update({k: v for k, v in given.items() if v is not None and k in wanted})
-        return mode_kwargs
-
-    extract._passes_on = True
-    GenerationMixin._extract_generation_mode_kwargs = extract

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from retrieval_draft.calibration import AcceptanceCalibrator
-from retrieval_draft.cost import ObservedCost, VerifyCost
 from retrieval_draft.drafters.history import HistoryDrafter
-from retrieval_draft.store_cache import StoreCache
+from retrieval_draft.planning.calibration import AcceptanceCalibrator
+from retrieval_draft.planning.cost import ObservedCost, VerifyCost
+from retrieval_draft.store.store_cache import StoreCache
 
 
 @dataclass
@@ -35,6 +35,9 @@ class ModelMemory:
         rates: sampling flag -> drafter name -> calibrator (shared, updated in place);
             read from the disk cache when the memory is created (``rates_file``).
         history: earlier prompts and outputs (bounded, 4 MB at most by default).
+        lock: held by the plugin for a whole generation, so calls with one model
+            from several threads run one after another (a tree forward switches
+            the model's attention function and linear layers while it runs).
     """
 
     cost: VerifyCost | None = None
@@ -42,6 +45,7 @@ class ModelMemory:
     rates: dict[bool, dict[str, AcceptanceCalibrator]] = field(default_factory=lambda: {False: {}, True: {}})
     history: HistoryDrafter = field(default_factory=HistoryDrafter)
     rates_saved_at: float = 0.0  # time.monotonic() of the last save to disk
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 class PluginMemory:
@@ -64,7 +68,7 @@ class PluginMemory:
             if memory is None:
                 memory = self._models[model] = ModelMemory()
                 if self.persist:
-                    from retrieval_draft.rates_file import rates_path, read_rates
+                    from retrieval_draft.planning.rates_file import rates_path, read_rates
 
                     memory.rates = read_rates(rates_path(model)) or memory.rates
             return memory
@@ -72,8 +76,8 @@ class PluginMemory:
     def save_learned(self, model: torch.nn.Module, force: bool = False) -> None:
         """When ``persist`` and the last save is old enough: write ``model``'s learned rates
         to disk, and its cost curve too where observed forward times drifted from it."""
-        from retrieval_draft.cost_file import store_cost
-        from retrieval_draft.rates_file import SAVE_INTERVAL_S, rates_path, write_rates
+        from retrieval_draft.planning.cost_file import store_cost
+        from retrieval_draft.planning.rates_file import SAVE_INTERVAL_S, rates_path, write_rates
 
         memory = self.model(model)
         now = time.monotonic()
@@ -92,7 +96,7 @@ class PluginMemory:
 
     def cost(self, model: torch.nn.Module) -> VerifyCost:
         """The model's cost curve: remembered, else read from the disk cache or measured once."""
-        from retrieval_draft.cost_file import load_or_measure_cost
+        from retrieval_draft.planning.cost_file import load_or_measure_cost
 
         memory = self.model(model)
         if memory.cost is None:
@@ -102,7 +106,7 @@ class PluginMemory:
     def fingerprint(self, tokenizer) -> str:
         """The tokenizer's fingerprint, computed once per tokenizer object and size
         (adding tokens recomputes it; hashing a 50k vocabulary takes tens of ms)."""
-        from datastore.tokenizer import tokenizer_fingerprint
+        from retrieval_draft.store.tokenizer import tokenizer_fingerprint
 
         try:
             found = self._fingerprints.get(tokenizer)

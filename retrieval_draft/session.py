@@ -12,14 +12,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from retrieval_draft.config import DEFAULTS
+from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
-from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
-from retrieval_draft.engine import DecodeStats
+from retrieval_draft.drafters.registry import STORE_DRAFTERS, DraftSources, make_drafters
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.hf import generate as plugin_generate
-
-DRAFTER_NAMES = ("prompt", "ngram", "suffix", "history")
+from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
+from retrieval_draft.store.reader import Datastore
 
 
 @dataclass(frozen=True)
@@ -30,25 +31,34 @@ class GenerationRequest:
     chat: bool = False
     max_new_tokens: int = 128
     drafters: str = "all"
-    tree_budget: int = 32
-    max_draft_len: int = 32
-    adaptive_tree: bool = True
+    tree_budget: int = DEFAULTS.tree_budget
+    max_draft_len: int = DEFAULTS.max_draft_len
+    adaptive_tree: bool = DEFAULTS.adaptive_tree
     sampling: dict = field(default_factory=dict)
     seed: int = 0
 
 
 @dataclass
 class Session:
-    """A model and tokenizer plus the drafters that outlive single calls.
+    """A model and tokenizer, an opened datastore, and the memory that outlives single calls.
 
-    ``history`` learns from every generation of this session that names it
-    (drafter spec ``history``); 'all' leaves it out so runs stay independent.
+    ``history`` is the model's output history in ``memory``: it learns from every
+    generation that names it (drafter spec ``history``); 'all' leaves it out so
+    runs stay independent.
     """
 
     model: torch.nn.Module
     tokenizer: object
-    datastore_drafters: dict[str, Drafter] = field(default_factory=dict)
-    history: HistoryDrafter = field(default_factory=HistoryDrafter)
+    store: Datastore | None = None
+    memory: PluginMemory = PROCESS_MEMORY
+
+    @property
+    def history(self) -> HistoryDrafter:
+        return self.memory.model(self.model).history
+
+    @history.setter
+    def history(self, history: HistoryDrafter) -> None:
+        self.memory.model(self.model).history = history
 
     def encode(self, request: GenerationRequest) -> torch.Tensor:
         """Prompt ids, shape (1, L); with ``chat`` through the model's chat template."""
@@ -65,24 +75,12 @@ class Session:
         return torch.tensor([list(ids)], dtype=torch.long)
 
     def drafters(self, spec: str) -> list[Drafter]:
-        """Drafters named by ``spec``: a comma list of prompt/ngram/suffix/history, or 'all'."""
+        """Drafters named by ``spec``: a comma list of registry names (``drafters.registry``),
+        or 'all' (prompt lookup plus the datastore's drafters)."""
         names = [n.strip() for n in spec.split(",") if n.strip()]
         if names == ["all"]:
-            names = ["prompt", *self.datastore_drafters]
-        unknown = [n for n in names if n not in DRAFTER_NAMES]
-        if unknown or not names:
-            raise InvalidInputError(f"unknown drafters {unknown or spec!r}; choose from {', '.join(DRAFTER_NAMES)}")
-        chosen: list[Drafter] = []
-        for name in names:
-            if name == "prompt":
-                chosen.append(PromptLookupDrafter())
-            elif name == "history":
-                chosen.append(self.history)
-            elif name in self.datastore_drafters:
-                chosen.append(self.datastore_drafters[name])
-            else:
-                raise InvalidInputError(f"the {name} drafter needs a datastore (--datastore DIR)")
-        return chosen
+            names = ["prompt", *(STORE_DRAFTERS if self.store is not None else ())]
+        return make_drafters(names, DraftSources(store=self.store, history=self.history))
 
     def generate_ids(self, input_ids: torch.Tensor, request: GenerationRequest, streamer=None):
         """Our generation: returns (sequence of shape (1, L + m), DecodeStats, wall seconds)."""
@@ -140,14 +138,13 @@ class Session:
 
 def load_session(model_path: str | None = None, datastore_path: str | None = None) -> Session:
     """Load model and tokenizer (default SmolLM2-135M) and, optionally, a datastore's drafters."""
-    from retrieval_draft.models import load_model, load_tokenizer
+    from retrieval_draft.target.models import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path)
-    session = Session(model=model, tokenizer=tokenizer)
+    store = None
     if datastore_path is not None:
-        from retrieval_draft.drafters.datastore import datastore_drafters
+        from retrieval_draft.drafters.datastore import open_checked_store
 
-        found = datastore_drafters(datastore_path, vocab_size=model.config.vocab_size, tokenizer=tokenizer)
-        session.datastore_drafters = {d.name: d for d in found}
-    return session
+        store = open_checked_store(datastore_path, vocab_size=model.config.vocab_size, tokenizer=tokenizer)
+    return Session(model=model, tokenizer=tokenizer, store=store)

@@ -45,7 +45,7 @@ def cli(argv: list[str]) -> int:
     """Run the datastore subcommands through a throwaway argparse parser; returns the exit code."""
     import argparse
 
-    from datastore.commands import register
+    from retrieval_draft_datastore.commands import register
 
     parser = argparse.ArgumentParser(prog="retrieval-draft")
     register(parser.add_subparsers(dest="command", required=True))

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from datastore.atomic import atomic_path, atomic_write_bytes, swap_into_place, temp_dir_next_to
+from retrieval_draft.atomic import atomic_path, atomic_write_bytes, swap_into_place, temp_dir_next_to
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import torch
 
 import retrieval_draft
 from retrieval_draft.errors import InvalidInputError, ModelLoadError, UnsupportedModelError
-from retrieval_draft.model_adapter import TreeModel
-from retrieval_draft.models import load_model
+from retrieval_draft.target.models import load_model
+from retrieval_draft.target.tree_model import TreeModel
 from tests.conftest import make_tiny_llama, random_prompt
 
 
@@ -59,7 +59,7 @@ def test_unknown_model_path_is_a_typed_error(tmp_path):
 
 def run_cli(*args):
     return subprocess.run(
-        [sys.executable, "-m", "retrieval_draft.cli", *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "retrieval_draft_datastore.cli", *args], capture_output=True, text=True, timeout=300
     )
 
 

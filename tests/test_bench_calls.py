@@ -9,16 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import retrieval_draft
+from tools import bench
+from tools.bench_fresh import first_call_command, fresh_process_rows, fresh_table
+from tools.bench_systems import SYSTEMS, ModelHandles, RunSetup, generate_kwargs, run_system
+from tools.bench_workloads import BenchPrompt
+
 from .conftest import TINY_VOCAB, make_tiny_llama, random_prompt
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
-
-import bench  # noqa: E402
-import retrieval_draft  # noqa: E402
-from bench_fresh import first_call_command, fresh_process_rows, fresh_table  # noqa: E402
-from bench_systems import SYSTEMS, ModelHandles, RunSetup, generate_kwargs, run_system  # noqa: E402
-from bench_workloads import BenchPrompt  # noqa: E402
 
 STORE = "some/store-dir"
 OURS_EXTRAS = {"custom_generate", "datastore", "draft_tokenizer", "draft_stats"}
@@ -80,7 +77,7 @@ def test_parse_args_quick_skips_the_fresh_process_and_full_measures_it(tmp_path)
 def test_first_call_command_passes_the_datastore_to_ours_only():
     args = argparse.Namespace(max_new_tokens=8, model=None, threads=2, sampling=False, temperature=0.7, seed=0)
     ours, plain = first_call_command("ours", args, STORE), first_call_command("hf", args, STORE)
-    assert ours[0] == sys.executable and ours[1].endswith("first_call.py")
+    assert ours[:3] == [sys.executable, "-m", "tools.first_call"]
     assert ours[ours.index("--datastore") + 1] == STORE and "--datastore" not in plain
 
 

@@ -1,6 +1,6 @@
 """The benchmark harness runs end to end in quick mode (SmolLM2-135M, about a minute idle).
 
-Runs ``tools/bench.py --quick`` as a subprocess, as a user would, and checks
+Runs ``python -m tools.bench --quick`` as a subprocess, as a user would, and checks
 its JSON: every workload and system is there (the datastore README call
 marked unavailable without --datastore), every output equals HF greedy's,
 every speed is positive, the fresh-process measurement is off, and the PNG
@@ -37,7 +37,7 @@ def quick_result(tmp_path_factory) -> tuple[dict, Path, str]:
     """(JSON result, PNG path, stdout) of one quick benchmark run."""
     out = tmp_path_factory.mktemp("bench")
     json_path, png_path = out / "quick.json", out / "quick.png"
-    command = [sys.executable, str(REPO / "tools" / "bench.py"), "--quick", "--json", str(json_path), "--png", str(png_path)]
+    command = [sys.executable, "-m", "tools.bench", "--quick", "--json", str(json_path), "--png", str(png_path)]
     # About a minute on an idle 2-core machine; generous limit for a busy one.
     # Passive OpenMP waiting: on a machine shared with other jobs, spinning threads
     # make every forward pass many times slower (this test checks sanity, not speed).
@@ -97,11 +97,8 @@ def test_quick_bench_writes_chart_and_states_machine(quick_result):
 
 def test_report_puts_fresh_process_rows_beside_the_speedups(quick_result, tmp_path):
     """A result with fresh-process rows renders them in the speedup table, their own table and the chart."""
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        from bench_report import markdown, plot
-    finally:
-        sys.path.remove(str(REPO / "tools"))
+    from tools.bench_report import markdown, plot
+
     result, _, _ = quick_result
     timing = {"import_s": 3.0, "load_s": 14.0, "new_tokens": 32, "stats": None}
     rows = [
@@ -122,14 +119,11 @@ def test_fresh_process_first_call_on_smollm2():
     """Both fresh processes load SmolLM2 and time 8 tokens; their outputs are identical."""
     import argparse
 
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        from bench_fresh import fresh_process_rows
-        from bench_workloads import BenchPrompt
-        from retrieval_draft.models import load_tokenizer
-    finally:
-        sys.path.remove(str(REPO / "tools"))
     import torch
+
+    from retrieval_draft.target.models import load_tokenizer
+    from tools.bench_fresh import fresh_process_rows
+    from tools.bench_workloads import BenchPrompt
 
     prompt = BenchPrompt("code_raw", "fib", "def fibonacci(n):\n", False)
     ids = torch.tensor([load_tokenizer()(prompt.text)["input_ids"]])
@@ -143,11 +137,8 @@ def test_fresh_process_first_call_on_smollm2():
 
 def test_quick_bench_marks_datastore_rows_without_datastore():
     """Asking for datastore systems without --datastore reports them as unavailable, not numbers."""
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        from bench_systems import SYSTEMS, unavailable_reason
-    finally:
-        sys.path.remove(str(REPO / "tools"))
+    from tools.bench_systems import SYSTEMS, unavailable_reason
+
     assert unavailable_reason(SYSTEMS["datastore"], has_datastore=False, sampling=False) == "no datastore"
     assert unavailable_reason(SYSTEMS["datastore"], has_datastore=True, sampling=False) is None
     for name in ("defaults", "prompt"):

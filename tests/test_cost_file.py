@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-import retrieval_draft.cost_file as cost_file
+import retrieval_draft.planning.cost_file as cost_file
 from retrieval_draft.cache_dir import CACHE_ENV, cache_root
-from retrieval_draft.cost import VerifyCost
 from retrieval_draft.memory import PluginMemory
+from retrieval_draft.planning.cost import VerifyCost
 from tests.conftest import make_tiny_llama
 
 CURVE = VerifyCost.from_points([1, 8, 64], [0.01, 0.02, 0.05], skinny_sizes=frozenset({4, 8}))

@@ -11,15 +11,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from datastore.builder import build, merge
-from datastore.index import IndexParams
-from datastore.layout import DATA_FILES, FORMAT_VERSION, MANIFEST
-from datastore.manifest import file_sha256
-from datastore.sources import SourceOptions
-from datastore.store import open_datastore
-from datastore.tokenizer import tokenizer_fingerprint
-from tests.datastore_fixtures import bpe_tokenizer, cli, stdlib_corpus, word_tokenizer
 from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.store.layout import DATA_FILES, FORMAT_VERSION, MANIFEST
+from retrieval_draft.store.manifest import file_sha256
+from retrieval_draft.store.reader import open_datastore
+from retrieval_draft.store.tokenizer import tokenizer_fingerprint
+from retrieval_draft_datastore.builder import build, merge
+from retrieval_draft_datastore.index import IndexParams
+from retrieval_draft_datastore.sources import SourceOptions
+from tests.datastore_fixtures import bpe_tokenizer, cli, stdlib_corpus, word_tokenizer
 
 PY = SourceOptions(globs=("*.py",))
 
@@ -89,7 +89,7 @@ def test_directory_globs_select_files(tmp_path):
 
 
 def test_excluded_subtrees_are_skipped(tmp_path):
-    from datastore.sources import SourceOptions, iter_documents
+    from retrieval_draft_datastore.sources import SourceOptions, iter_documents
 
     (tmp_path / "src" / "site-packages" / "pkg").mkdir(parents=True)
     (tmp_path / "src" / "site-packages" / "pkg" / "a.py").write_text("vendored")
@@ -123,8 +123,8 @@ def test_cli_build_inspect_stats_and_merge(tmp_path, corpus, capsys):
 
 
 def test_real_smollm2_tokenizer_builds_and_drafts(tmp_path, corpus):
-    from retrieval_draft.models import load_tokenizer
     from retrieval_draft.drafters.datastore import datastore_drafters
+    from retrieval_draft.target.models import load_tokenizer
 
     tokenizer = load_tokenizer()
     assert len(tokenizer) == 49152

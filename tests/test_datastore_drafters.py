@@ -7,14 +7,14 @@ import time
 import numpy as np
 import pytest
 
-from datastore.builder import build
-from datastore.store import open_datastore
-from tests.datastore_fixtures import word_tokenizer
 from retrieval_draft.drafters.base import Draft, Drafter
 from retrieval_draft.drafters.datastore import datastore_drafters
 from retrieval_draft.drafters.ngram import NgramDrafter
 from retrieval_draft.drafters.suffix import SuffixDrafter
 from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.store.reader import open_datastore
+from retrieval_draft_datastore.builder import build
+from tests.datastore_fixtures import word_tokenizer
 
 WORDS = "a b c d e f x y z q".split()
 # "a b" is followed by "c d e" three times and "c d f" once; "x y" only at a document end.

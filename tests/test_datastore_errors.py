@@ -11,12 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datastore.arrow_io import write_table
-from datastore.builder import build
-from datastore.layout import MANIFEST, NGRAM, TOKENS, TRIE
-from datastore.manifest import read_manifest, write_manifest
-from datastore.store import open_datastore
-from tests.datastore_fixtures import word_tokenizer
 from retrieval_draft.drafters.datastore import datastore_drafters
 from retrieval_draft.errors import (
     CorruptDatastoreError,
@@ -25,6 +19,12 @@ from retrieval_draft.errors import (
     TokenizerMismatchError,
     UnknownFormatVersionError,
 )
+from retrieval_draft.store.arrow_io import write_table
+from retrieval_draft.store.layout import MANIFEST, NGRAM, TOKENS, TRIE
+from retrieval_draft.store.manifest import read_manifest, write_manifest
+from retrieval_draft.store.reader import open_datastore
+from retrieval_draft_datastore.builder import build
+from tests.datastore_fixtures import word_tokenizer
 
 WORDS = "the cat sat on a mat and dog ran".split()
 TEXT = "the cat sat on the mat and the dog ran on the mat " * 20
@@ -66,7 +66,7 @@ def test_flipped_byte_in_arrow_file_fails_its_checksum(store_copy):
 def test_flipped_bytes_in_trie_are_caught_before_loading_without_crashing(store_copy):
     for offset in (10, 100, 200, 400):
         _flip(store_copy / TRIE, offset)
-    code = f"from datastore.store import open_datastore\nopen_datastore({str(store_copy)!r})"
+    code = f"from retrieval_draft.store.reader import open_datastore\nopen_datastore({str(store_copy)!r})"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parents[1])
     assert result.returncode == 1  # a Python exception, not a signal

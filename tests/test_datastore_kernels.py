@@ -7,11 +7,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from datastore.index import IndexParams, write_index
-from datastore.kernels_count import capped_lcp, count_ngrams, trie_ranges, valid_lengths
-from datastore.kernels_sort import sort_suffixes
-from datastore.layout import separator_id, token_dtype
-from datastore.suffix_trie import encode_ids, encode_rows, key_width
+from retrieval_draft.store.layout import separator_id, token_dtype
+from retrieval_draft.store.suffix_trie import encode_ids, encode_rows, key_width
+from retrieval_draft_datastore.index import IndexParams, write_index
+from retrieval_draft_datastore.kernels_count import capped_lcp, count_ngrams, trie_ranges, valid_lengths
+from retrieval_draft_datastore.kernels_sort import sort_suffixes
 
 
 def _random_stream(rng, n, alphabet, dtype):
@@ -103,8 +103,9 @@ def test_uint32_storage_keeps_ids_above_65535_untruncated(tmp_path):
     big = np.array([70000, 262143, 5, 70000, 262143, 6, 4294967295], np.uint32)
     params = IndexParams(max_order=2, top_k=2, min_count=1, sort_depth=4, trie_depth=2)
     stats = write_index(tmp_path, big, 262144, separator_id(np.uint32), params)
-    from datastore.arrow_io import read_table
     import pyarrow as pa
+
+    from retrieval_draft.store.arrow_io import read_table
 
     assert read_table(tmp_path / "tokens.arrow", {"token": pa.uint32()})["token"].tolist() == big.tolist()
     table = read_table(tmp_path / "ngram.arrow", {"next": pa.list_(pa.uint32(), 2), "context": pa.list_(pa.uint32(), 2)})

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 import retrieval_draft
+from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
 from retrieval_draft.drafters.base import Draft, Drafter
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
-from retrieval_draft.engine import DecodeOptions, speculative_decode
-from retrieval_draft.model_adapter import TreeModel
+from retrieval_draft.target.tree_model import TreeModel
 from tests.conftest import TINY_VOCAB, RandomDrafter, make_tiny_llama, random_prompt
 
 

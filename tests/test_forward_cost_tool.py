@@ -1,19 +1,14 @@
-"""tools/forward_cost.py: each variant switches off what it names, and the tables fill."""
+"""tools.forward_cost: each variant switches off what it names, and the tables fill."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import torch
 from transformers.cache_utils import DynamicLayer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-from forward_cost import VARIANTS, forward_table, markdown, matmul_table, prepared  # noqa: E402
+from retrieval_draft.target.kv_cache import GrowingLayer
+from tools.forward_cost import VARIANTS, forward_table, markdown, matmul_table, prepared
 
-from retrieval_draft.kv_cache import GrowingLayer  # noqa: E402
-
-from .conftest import make_tiny_llama, random_prompt  # noqa: E402
+from .conftest import make_tiny_llama, random_prompt
 
 
 def test_variants_switch_off_what_they_name():
@@ -25,8 +20,8 @@ def test_variants_switch_off_what_they_name():
     assert all(isinstance(layer, GrowingLayer) for layer in ours.cache.layers)
     for mine, theirs in zip(ours.cache.layers, stock.cache.layers):
         assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
-    assert stock._sdpa_configs == [] and prepared(model, prompt, "+kv_cache")._sdpa_configs == []
-    assert prepared(model, prompt, "+attention")._sdpa_configs and ours._sdpa_configs
+    assert not stock.grouped_attention and not prepared(model, prompt, "+kv_cache").grouped_attention
+    assert prepared(model, prompt, "+attention").grouped_attention and ours.grouped_attention
     assert prepared(model, prompt, "+attention").skinny_sizes == frozenset() and ours.skinny_sizes
 
 

@@ -14,10 +14,10 @@ from transformers.generation import (
 
 import retrieval_draft
 import retrieval_draft.session
-from retrieval_draft.cli import main as cli_main
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.errors import InvalidInputError
+from retrieval_draft_datastore.cli import main as cli_main
 from tests.conftest import make_tiny_llama, random_prompt
 from tests.test_engine_greedy import MixedDrafter
 
@@ -26,7 +26,7 @@ REAL_VOCAB = 49152  # SmolLM2's tokenizer
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from retrieval_draft.models import load_tokenizer
+    from retrieval_draft.target.models import load_tokenizer
 
     return load_tokenizer()
 

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 import retrieval_draft
-from retrieval_draft.calibration import AcceptanceCalibrator
-from retrieval_draft.cost import VerifyCost, measure_cost
 from retrieval_draft.drafters.base import Draft, Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
-from retrieval_draft.planner import TreePlanner
+from retrieval_draft.planning.calibration import AcceptanceCalibrator
+from retrieval_draft.planning.cost import VerifyCost, measure_cost
+from retrieval_draft.planning.planner import TreePlanner
 from tests.conftest import random_prompt
 
 # CPU-like curve from shared/DESIGN.md: ms per forward over k new tokens.
@@ -139,8 +139,8 @@ def test_a_prefix_shared_by_one_drafters_branches_is_graded_once():
 
 
 def test_siblings_conditional_probabilities_are_capped_at_one():
-    from retrieval_draft.planner import cap_siblings
-    from retrieval_draft.tree import merge_drafts
+    from retrieval_draft.decode.tree import merge_drafts
+    from retrieval_draft.planning.planner import cap_siblings
 
     tree = cap_siblings(merge_drafts(0, [chain([1, 2], [0.9, 0.5]), chain([3], [0.9]), chain([4], [0.2])]))
     first_level = tree.probs[tree.parents == 0]
@@ -179,7 +179,7 @@ def test_register_gives_each_drafter_its_own_prior_scale():
 
 
 def test_observed_forward_times_reshape_a_curve_measured_on_a_busy_machine():
-    from retrieval_draft.cost import ObservedCost
+    from retrieval_draft.planning.cost import ObservedCost
 
     busy = VerifyCost.from_points([1, 2, 64], [0.100, 0.160, 0.170])  # flat: big trees look nearly free
     observed = ObservedCost(min_count=3)

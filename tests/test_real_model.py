@@ -61,7 +61,7 @@ def test_streamer_receives_exactly_the_generated_text(session, capsys):
 
 def test_cli_compare_reports_identical_output():
     result = subprocess.run(
-        [sys.executable, "-m", "retrieval_draft.cli", "generate", "--prompt", CODE, "--max-new-tokens", "24", "--compare"],
+        [sys.executable, "-m", "retrieval_draft_datastore.cli", "generate", "--prompt", CODE, "--max-new-tokens", "24", "--compare"],
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr
@@ -71,8 +71,8 @@ def test_cli_compare_reports_identical_output():
 
 @pytest.fixture(scope="module")
 def stdlib_store(tmp_path_factory, session):
-    from datastore.builder import build
-    from datastore.sources import SourceOptions
+    from retrieval_draft_datastore.builder import build
+    from retrieval_draft_datastore.sources import SourceOptions
     from tests.datastore_fixtures import stdlib_corpus
 
     root = tmp_path_factory.mktemp("store")
@@ -96,7 +96,7 @@ def test_datastore_drafts_keep_output_identical_and_get_accepted(session, stdlib
 
 def test_cli_generate_with_a_datastore_reports_identical_output(stdlib_store):
     result = subprocess.run(
-        [sys.executable, "-m", "retrieval_draft.cli", "generate", "--prompt", CODE, "--max-new-tokens", "24",
+        [sys.executable, "-m", "retrieval_draft_datastore.cli", "generate", "--prompt", CODE, "--max-new-tokens", "24",
          "--compare", "--datastore", stdlib_store, "--drafters", "ngram,suffix"],
         capture_output=True, text=True, timeout=600,
     )
@@ -108,7 +108,7 @@ def test_cli_history_file_grows_across_runs_and_a_corrupt_one_is_refused(tmp_pat
     from retrieval_draft.drafters.history import HistoryDrafter
 
     history = tmp_path / "history.npz"
-    command = [sys.executable, "-m", "retrieval_draft.cli", "generate", "--prompt", CODE, "--max-new-tokens", "16",
+    command = [sys.executable, "-m", "retrieval_draft_datastore.cli", "generate", "--prompt", CODE, "--max-new-tokens", "16",
                "--compare", "--history", str(history)]
     sizes = []
     for _ in range(2):

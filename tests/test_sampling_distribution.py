@@ -40,12 +40,13 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-import retrieval_draft.engine as engine
+import retrieval_draft.decode.engine as engine
+from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
+from retrieval_draft.decode.tree import DraftTree, build_tree
+from retrieval_draft.decode.verify import Verdict, node_scores, verify_sampling
 from retrieval_draft.drafters.base import Draft, Drafter
-from retrieval_draft.engine import DecodeOptions, speculative_decode
-from retrieval_draft.model_adapter import TreeModel
-from retrieval_draft.tree import DraftTree, build_tree
-from retrieval_draft.verify import Verdict, node_scores, verify_sampling
+from retrieval_draft.planning.planner import TreePlanner
+from retrieval_draft.target.tree_model import TreeModel
 
 VOCAB = 8
 CONTEXT = (3, 6, 1, 7, 4, 5, 3, 0)  # prompt of the sampler-only checks; its last token is the tree root
@@ -400,11 +401,12 @@ def engine_draws(model, runs: int, conditionals) -> np.ndarray:
     prompt = torch.tensor([ENGINE_PROMPT])
     generator = torch.Generator().manual_seed(5)
     drafter = KnowingDrafter(conditionals, len(ENGINE_PROMPT), seed=6)
-    options = DecodeOptions(max_new_tokens=ENGINE_HORIZON, tree_budget=8, max_draft_len=2, do_sample=True)
+    options = DecodeOptions(max_new_tokens=ENGINE_HORIZON, max_draft_len=2, do_sample=True)
     processor = engine_processor()
     out = np.empty((runs, ENGINE_HORIZON), dtype=np.int64)
     for i in range(runs):
-        out[i], _ = speculative_decode(TreeModel(model), prompt, [drafter], options, processor, generator)
+        planner = TreePlanner(max_nodes=8)
+        out[i], _ = speculative_decode(TreeModel(model), prompt, [drafter], options, processor, generator, planner=planner)
     return out
 
 

@@ -1,14 +1,10 @@
-"""tools/step_profile.py: the step splits into parts that add up, and only tree forwards are profiled."""
+"""tools.step_profile: the step splits into parts that add up, and only tree forwards are profiled."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from tools.step_profile import markdown, profile_prompts
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-from step_profile import markdown, profile_prompts  # noqa: E402
-
-from .conftest import make_tiny_llama, random_prompt  # noqa: E402
+from .conftest import make_tiny_llama, random_prompt
 
 
 def test_the_parts_of_a_step_add_up():

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import retrieval_draft
-from datastore.builder import build
-from datastore.layout import TOKENS
 from retrieval_draft.errors import CorruptDatastoreError, TokenizerMismatchError
 from retrieval_draft.memory import PluginMemory
+from retrieval_draft.store.layout import TOKENS
+from retrieval_draft_datastore.builder import build
 from tests.conftest import make_tiny_llama
 from tests.datastore_fixtures import word_tokenizer
 
@@ -30,16 +30,16 @@ def store_path(tmp_path):
 
 
 def _count_opens(monkeypatch) -> list:
-    import datastore.store
+    import retrieval_draft.store.reader
 
     opened = []
-    real = datastore.store.open_datastore
+    real = retrieval_draft.store.reader.open_datastore
 
     def counting(path, **kwargs):
         opened.append(path)
         return real(path, **kwargs)
 
-    monkeypatch.setattr(datastore.store, "open_datastore", counting)
+    monkeypatch.setattr(retrieval_draft.store.reader, "open_datastore", counting)
     return opened
 
 
@@ -119,10 +119,10 @@ def test_a_missing_store_is_a_typed_error(tmp_path):
 
 def test_a_new_process_trusts_a_recorded_verification_of_the_same_files(store_path, monkeypatch):
     opened = []
-    import datastore.store
+    import retrieval_draft.store.reader
 
-    real = datastore.store.open_datastore
-    monkeypatch.setattr(datastore.store, "open_datastore",
+    real = retrieval_draft.store.reader.open_datastore
+    monkeypatch.setattr(retrieval_draft.store.reader, "open_datastore",
                         lambda path, **kw: opened.append(kw.get("verify", True)) or real(path, **kw))
     PluginMemory().stores.open(store_path)  # first process: full verification, recorded
     PluginMemory().stores.open(store_path)  # a later process (a fresh memory): the record is trusted

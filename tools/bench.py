@@ -1,6 +1,6 @@
 """The benchmark harness: every speed claim comes from here.
 
-    python tools/bench.py [--quick] [--json PATH] [--png PATH] [--datastore DIR]
+    python -m tools.bench [--quick] [--json PATH] [--png PATH] [--datastore DIR]
                           [--max-new-tokens N] [--repeats N] [--prompts N] [--history FILE]
                           [--workloads a,b] [--systems a,b] [--sampling] [--[no-]fresh-process]
 
@@ -30,7 +30,7 @@ in their own (``bench_fresh``, ``first_call``): import and load times apart,
 then the call's wall time; the first-call ratio is plain / ours.
 
 The markdown report goes to stdout, progress to stderr. See ``bench_report``
-for the metric definitions; ``python tools/bench_report.py RESULT.json``
+for the metric definitions; ``python -m tools.bench_report RESULT.json``
 re-renders a saved run.
 
 Time on an idle 2-core CPU (SmolLM2-135M): --quick ~2 minutes, full (8
@@ -51,15 +51,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+import torch
 
-import torch  # noqa: E402
-from datastore.atomic import atomic_write_bytes  # noqa: E402
-
-from bench_fresh import fresh_geomean, fresh_process_rows, readme_call  # noqa: E402
-from bench_report import load_average, machine_info, markdown, per_prompt, plot, summarize  # noqa: E402
-from bench_systems import SYSTEMS, ModelHandles, RunSetup, prefill_seconds, run_system, unavailable_reason  # noqa: E402
-from bench_workloads import WORKLOADS, BenchPrompt, build_workloads  # noqa: E402
+from retrieval_draft.atomic import atomic_write_bytes
+from tools.bench_fresh import fresh_geomean, fresh_process_rows, readme_call
+from tools.bench_report import load_average, machine_info, markdown, per_prompt, plot, summarize
+from tools.bench_systems import SYSTEMS, ModelHandles, RunSetup, prefill_seconds, run_system, unavailable_reason
+from tools.bench_workloads import WORKLOADS, BenchPrompt, build_workloads
 
 QUICK = {
     "prompts": 1, "max_new_tokens": 32, "repeats": 1, "fresh_process": False,
@@ -81,7 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="local model directory or .gguf (default SmolLM2-135M)")
     p.add_argument("--datastore", default=None, help="datastore directory: the datastore system passes datastore=DIR")
     p.add_argument("--history", type=Path, default=None,
-                   help="saved output history (tools/warm_history.py) for the history diagnostic")
+                   help="saved output history (python -m tools.warm_history) for the history diagnostic")
     p.add_argument("--max-new-tokens", type=int)
     p.add_argument("--repeats", type=int)
     p.add_argument("--prompts", type=int, help="prompts per workload")
@@ -254,7 +252,7 @@ def run(args: argparse.Namespace) -> dict:
         heads.append(session.decode_new(ids, hf_out)[:OUTPUT_HEAD_CHARS])
     machine["load_avg_end"] = load_average()
     result = {"machine": machine, "config": run_config(args), "unavailable": unavailable}
-    result["command"] = " ".join(["python", "tools/bench.py", *sys.argv[1:]])
+    result["command"] = " ".join(["python", "-m", "tools.bench", *sys.argv[1:]])
     result["labels"] = {name: SYSTEMS[name].label for name in args.systems}
     result["labels"]["hf"] = "HF " + (f"sampling T={args.temperature}" if args.sampling else "greedy") + " generate"
     result["kinds"] = {name: SYSTEMS[name].kind for name in args.systems}
@@ -287,7 +285,7 @@ def fresh_process(args: argparse.Namespace, prompts: list[BenchPrompt], encoded:
 
 def run_config(args: argparse.Namespace) -> dict:
     """The settings of this run, for the report."""
-    from retrieval_draft.models import default_model_path
+    from retrieval_draft.target.models import default_model_path
 
     model_path = args.model or default_model_path()
     return {

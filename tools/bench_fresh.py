@@ -1,7 +1,7 @@
 """The fresh-process measurement: one README call as the first call of a new Python process.
 
 Per workload, its first prompt runs twice, each in a new interpreter
-(``sys.executable tools/first_call.py``, which imports, loads the model and
+(``sys.executable -m tools.first_call`` from the repository root, which imports, loads the model and
 times one ``generate`` call with nothing warmed up):
 
 - ours: ``model.generate(**inputs, max_new_tokens=N, custom_generate=retrieval_draft.generate)``,
@@ -23,30 +23,39 @@ import sys
 import time
 from pathlib import Path
 
-FIRST_CALL = Path(__file__).resolve().parent / "first_call.py"
+REPO = Path(__file__).resolve().parent.parent  # the fresh processes run ``-m tools.first_call`` from here
 TIMEOUT_S = 900  # one subprocess: ~15 s import + load, a few s per 128 tokens; generous for a busy machine
 
 
 def first_call_command(system: str, args, datastore: str | None) -> list[str]:
-    """The command line of one fresh-process run (``system`` "ours" or "hf")."""
-    command = [sys.executable, str(FIRST_CALL), "--system", system, "--max-new-tokens", str(args.max_new_tokens)]
+    """The command line of one fresh-process run (``system`` "ours" or "hf"), run from ``REPO``;
+    existing relative paths are made absolute, since the process starts there."""
+    command = [sys.executable, "-m", "tools.first_call", "--system", system]
+    command += ["--max-new-tokens", str(args.max_new_tokens)]
     if args.model:
-        command += ["--model", args.model]
+        command += ["--model", _absolute(args.model)]
     if args.threads:
         command += ["--threads", str(args.threads)]
     if args.sampling:
         command += ["--temperature", str(args.temperature), "--seed", str(args.seed)]
     if system == "ours" and datastore is not None:
-        command += ["--datastore", datastore]
+        command += ["--datastore", _absolute(datastore)]
     return command
 
 
+def _absolute(path: str) -> str:
+    """``path`` made absolute when it names something here; otherwise unchanged."""
+    return str(Path(path).resolve()) if Path(path).exists() else path
+
+
 def run_first_call(command: list[str], input_ids: list[int]) -> dict:
-    """Run one subprocess; its JSON record plus ``process_s`` (spawn to exit, seconds), or ``{"error": ...}``."""
+    """Run one subprocess from the repository root; its JSON record plus ``process_s``
+    (spawn to exit, seconds), or ``{"error": ...}``."""
     started = time.perf_counter()
     try:
         done = subprocess.run(
-            command, input=json.dumps({"input_ids": input_ids}), capture_output=True, text=True, timeout=TIMEOUT_S
+            command, input=json.dumps({"input_ids": input_ids}), capture_output=True, text=True,
+            timeout=TIMEOUT_S, cwd=REPO,
         )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {TIMEOUT_S} s"}

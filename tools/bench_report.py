@@ -26,16 +26,12 @@ import math
 import os
 import platform
 import statistics
-import sys
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
-
-from datastore.atomic import atomic_path, atomic_write_bytes  # noqa: E402
-
-from bench_fresh import fresh_section  # noqa: E402
+from retrieval_draft.atomic import atomic_path, atomic_write_bytes
+from tools.bench_fresh import fresh_section
 
 OVERALL = "overall"
 
@@ -237,7 +233,7 @@ def markdown(result: dict) -> str:
         [
             f"# retrieval-draft benchmark ({mode})",
             "",
-            f"`{result.get('command', 'python tools/bench.py')}`",
+            f"`{result.get('command', 'python -m tools.bench')}`",
             "",
             f"- machine: {m['cpu']}, {m['cores']} cores, torch threads {m['torch_threads']}; "
             f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}; {m['date']}",
@@ -305,12 +301,12 @@ def plot(result: dict, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Re-render a saved JSON result: ``python tools/bench_report.py RESULT.json [--markdown P] [--png P]``."""
+    """Re-render a saved JSON result: ``python -m tools.bench_report RESULT.json [--markdown P] [--png P]``."""
     import argparse
     import json
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("result", help="JSON written by tools/bench.py --json")
+    parser.add_argument("result", help="JSON written by python -m tools.bench --json")
     parser.add_argument("--markdown", help="write the markdown report here (default: print it)")
     parser.add_argument("--png", help="write the chart here")
     args = parser.parse_args(argv)

@@ -35,11 +35,11 @@ import numpy as np
 import torch
 
 import retrieval_draft
+from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.oracle import OracleDrafter
-from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
-from retrieval_draft.engine import DecodeStats
+from retrieval_draft.drafters.registry import DraftSources, make_drafters
 
 HF_PROMPT_LOOKUP_TOKENS = 10
 KINDS = ("hf", "readme", "diagnostic")
@@ -59,7 +59,7 @@ class RunSetup:
         datastore: the ``--datastore`` path string exactly as given, or None.
         tokenizer: the tokenizer (``draft_tokenizer=`` of the datastore line).
         plugin_kwargs: options set on the command line (tree_budget=, max_draft_len=); empty by default.
-        history: a saved output history (``tools/warm_history.py``), or None. Every
+        history: a saved output history (``python -m tools.warm_history``), or None. Every
             run loads its own copy, so what one run generates never reaches another.
     """
 
@@ -108,14 +108,16 @@ class System:
 
 
 def _prompt(setup: RunSetup) -> list[Drafter]:
-    return [PromptLookupDrafter()]
+    return make_drafters(["prompt"], DraftSources())
 
 
 def _history(setup: RunSetup) -> list[Drafter]:
-    return [PromptLookupDrafter(), HistoryDrafter.load(setup.history, vocab_size=setup.model.config.vocab_size)]
+    history = HistoryDrafter.load(setup.history, vocab_size=setup.model.config.vocab_size)
+    return make_drafters(["prompt", "history"], DraftSources(history=history))
 
 
 def _oracle(setup: RunSetup) -> list[Drafter]:
+    """The clairvoyant ceiling: a diagnostic outside the drafter registry."""
     return [OracleDrafter(setup.reference)]
 
 

@@ -6,7 +6,7 @@ and indexing seconds, tokens/s, peak RSS of the build process, bytes per
 token on disk per file, open time (with checksums), and propose latency
 p50/p99 of each drafter on contexts sampled from the corpus.
 
-Usage: python tools/datastore_numbers.py [--large] [--out DIR] [--json FILE]
+Usage: python -m tools.datastore_numbers [--large] [--out DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -21,18 +21,17 @@ from pathlib import Path
 
 import numpy as np
 
+from retrieval_draft.atomic import atomic_write_bytes
+
 REPEATS = 3
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from datastore.atomic import atomic_write_bytes  # noqa: E402
 
 BUILD_CODE = """
 import json, resource, sys, time
 from pathlib import Path
-from datastore.builder import build
-from datastore.sources import SourceOptions
-from retrieval_draft.models import load_tokenizer
+from retrieval_draft_datastore.builder import build
+from retrieval_draft_datastore.sources import SourceOptions
+from retrieval_draft.target.models import load_tokenizer
 tok = load_tokenizer()
 start = time.perf_counter()
 m = build(sys.argv[2:], Path(sys.argv[1]), tok, options=SourceOptions(globs=("*.py",)), progress=False)
@@ -92,9 +91,8 @@ def drafter_latency(drafter, contexts, max_len: int = 8) -> dict:
 
 def measure(name: str, sources: list[str], out: Path) -> dict:
     """Build, open and time one corpus; returns its row of numbers."""
-    from datastore.store import open_datastore
-    from retrieval_draft.drafters.ngram import NgramDrafter
-    from retrieval_draft.drafters.suffix import SuffixDrafter
+    from retrieval_draft.drafters.registry import DraftSources, make_drafters
+    from retrieval_draft.store.reader import open_datastore
 
     child = build_in_child(out, sources)
     start = time.perf_counter()
@@ -105,6 +103,7 @@ def measure(name: str, sources: list[str], out: Path) -> dict:
     index_s = sum(stats["index_seconds"].values())
     contexts = sample_contexts(np.asarray(store.tokens), store.separator, 2000, 64)
     files = store.manifest["files"]
+    ngram, suffix = make_drafters(["ngram", "suffix"], DraftSources(store=store))
     return {
         "corpus": name, "documents": stats["documents"], "tokens": tokens,
         "tokenize_s": stats["tokenize_seconds"], "index_s": round(index_s, 2), "index_phases_s": stats["index_seconds"],
@@ -114,8 +113,8 @@ def measure(name: str, sources: list[str], out: Path) -> dict:
         "bytes_per_token_total": round(sum(v["bytes"] for v in files.values()) / tokens, 3),
         "contexts_per_order": stats["contexts_per_order"], "trie_keys": stats["trie_keys"],
         "open_s": round(open_s, 3),
-        "ngram": drafter_latency(NgramDrafter(store), contexts),
-        "suffix": drafter_latency(SuffixDrafter(store), contexts),
+        "ngram": drafter_latency(ngram, contexts),
+        "suffix": drafter_latency(suffix, contexts),
     }
 
 

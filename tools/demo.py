@@ -40,7 +40,7 @@ def _ensure_datastore(store: str) -> str | None:
     """Build the stdlib datastore into ``store`` unless it is already there."""
     if os.path.exists(os.path.join(store, "manifest.json")):
         return store
-    from retrieval_draft.cli import main as cli_main
+    from retrieval_draft_datastore.cli import main as cli_main
 
     stdlib = sysconfig.get_paths()["stdlib"]
     print(f"building a datastore from {stdlib} (once; cached in {store}) ...", file=sys.stderr)

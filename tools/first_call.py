@@ -1,11 +1,11 @@
 """One ``model.generate`` call in a fresh process: what a script that generates once pays.
 
-    python tools/first_call.py --system ours|hf [--datastore DIR] [--model PATH]
+    python -m tools.first_call --system ours|hf [--datastore DIR] [--model PATH]
                                [--max-new-tokens N] [--threads N] [--temperature T --seed S]
                                [--prompt TEXT [--chat]]        (else JSON {"input_ids": [...]} on stdin)
 
 Imports torch, transformers and retrieval_draft, loads the model and tokenizer
-(``retrieval_draft.models.load_model`` / ``load_tokenizer``, default SmolLM2-135M),
+(``retrieval_draft.target.models.load_model`` / ``load_tokenizer``, default SmolLM2-135M),
 then times the process's first ``generate`` call, to the last token:
 
 - ``ours``: ``model.generate(**inputs, max_new_tokens=N, custom_generate=retrieval_draft.generate)``,
@@ -18,7 +18,7 @@ forward, the plugin's cost curve unless it finds one on disk, opening the
 store). Prints one JSON line on stdout: ``import_s``, ``load_s`` and
 ``generate_s`` (wall seconds), ``prompt_tokens``, ``new_tokens``,
 ``output_ids`` (the new token ids) and, for ours, ``stats``.
-``tools/bench.py --fresh-process`` runs it twice per workload.
+``python -m tools.bench --fresh-process`` runs it twice per workload.
 """
 
 from __future__ import annotations
@@ -28,9 +28,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -84,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     import retrieval_draft
-    from retrieval_draft.models import load_model, load_tokenizer
+    from retrieval_draft.target.models import load_model, load_tokenizer
 
     import_s = time.perf_counter() - started
     transformers.utils.logging.set_verbosity_error()

@@ -12,7 +12,7 @@ and records which copied tokens the model produced:
 - later tokens: the i-th copied token, given tokens 0..i-1 were right,
   extends a match of length L + i; accepted / tried by that length.
 
-    python tools/fit_priors.py [--refs refs.json] [--json out.json]
+    python -m tools.fit_priors [--refs refs.json] [--json out.json]
 
 ``--refs`` caches the greedy outputs (written when missing, read when present).
 """
@@ -26,10 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from datastore.atomic import atomic_write_bytes  # noqa: E402
-from retrieval_draft.drafters.tail_match import MATCH_LENGTH_BANDS, tail_matches  # noqa: E402
+from retrieval_draft.atomic import atomic_write_bytes
+from retrieval_draft.drafters.tail_match import MATCH_LENGTH_BANDS, tail_matches
 
 HELD_OUT_TASKS = range(40, 52)  # HumanEval problems in the benchmark's shuffle; the bench uses the first few
 HELD_OUT_GROUNDED = (
@@ -60,7 +58,7 @@ MAX_COPY = 32
 
 def held_out_requests() -> list[tuple[str, str, bool]]:
     """(id, text, chat) of every held-out prompt."""
-    from bench_workloads import humaneval_subset, stdlib_source
+    from tools.bench_workloads import humaneval_subset, stdlib_source
 
     requests = []
     problems = humaneval_subset(max(HELD_OUT_TASKS) + 1, seed=0)

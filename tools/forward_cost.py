@@ -1,6 +1,6 @@
 """Forward cost of tree verification with the CPU paths switched on one by one.
 
-    python tools/forward_cost.py [--contexts 256,1500] [--sizes 1,2,4,8,16] [--json PATH]
+    python -m tools.forward_cost [--contexts 256,1500] [--sizes 1,2,4,8,16] [--json PATH]
 
 For each context length, times ``TreeModel.score_tree`` over a k-token chain
 under four variants, interleaved round by round in one process:
@@ -15,21 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+import numpy as np
+import torch
+from transformers import DynamicCache
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from transformers import DynamicCache  # noqa: E402
-
-from datastore.atomic import atomic_write_bytes  # noqa: E402
-from retrieval_draft.cost import time_chain  # noqa: E402
-from retrieval_draft.model_adapter import TreeModel  # noqa: E402
-from retrieval_draft.models import load_model  # noqa: E402
-from retrieval_draft.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linear  # noqa: E402
+from retrieval_draft.atomic import atomic_write_bytes
+from retrieval_draft.planning.cost import time_chain
+from retrieval_draft.target.models import load_model
+from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linear
+from retrieval_draft.target.tree_model import TreeModel
 
 VARIANTS = ("stock", "+kv_cache", "+attention", "all")
 
@@ -48,7 +45,7 @@ def prepared(model, prompt: torch.Tensor, variant: str) -> TreeModel:
             stock.update(layer.keys.clone(), layer.values.clone(), index)
         tree_model.cache = stock
     if variant in ("stock", "+kv_cache"):
-        tree_model._sdpa_configs = []
+        tree_model.grouped_attention = False
     if variant != "all":
         tree_model.skinny_sizes = frozenset()
     return tree_model

@@ -1,6 +1,6 @@
 """Where a decode step's time goes: tree forward (matmuls, attention, the rest) and the loop around it.
 
-    python tools/step_profile.py [--workloads code_raw,grounded,chat] [--prompts 5] [--json PATH]
+    python -m tools.step_profile [--workloads code_raw,grounded,chat] [--prompts 5] [--json PATH]
 
 Decodes the benchmark's prompts greedily with prompt lookup through the
 engine, as the plugin does (cost-aware trees, acceptance rates shared by the
@@ -11,7 +11,7 @@ step: the whole step, the tree forward, its matrix multiplications (MKL's
 forward (per-layer Python and HF module code, norms, rotary embedding, logits
 copy) and what lies outside the forward (drafting, planning, verification,
 KV compaction). cProfile's own overhead inflates the "rest" column somewhat;
-speed claims come from ``tools/bench.py``.
+speed claims come from ``python -m tools.bench``.
 """
 
 from __future__ import annotations
@@ -20,20 +20,18 @@ import argparse
 import cProfile
 import json
 import pstats
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+import torch
 
-import torch  # noqa: E402
-
-from bench_workloads import WORKLOADS, build_workloads  # noqa: E402
-from datastore.atomic import atomic_write_bytes  # noqa: E402
-from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter  # noqa: E402
-from retrieval_draft.engine import DecodeOptions, speculative_decode  # noqa: E402
-from retrieval_draft.hf import make_planner  # noqa: E402
-from retrieval_draft.model_adapter import TreeModel  # noqa: E402
+from retrieval_draft.atomic import atomic_write_bytes
+from retrieval_draft.config import DraftConfig
+from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
+from retrieval_draft.drafters.registry import DraftSources, make_drafters
+from retrieval_draft.hf import make_planner
+from retrieval_draft.target.tree_model import TreeModel
+from tools.bench_workloads import WORKLOADS, build_workloads
 
 # (column, cProfile function name): the leaf calls that a tree forward's matmuls and attention end in.
 MATMUL_CALLS = ("<built-in method torch._C._nn.linear>", "skinny_matmul")
@@ -70,14 +68,16 @@ def profile_prompts(model, prompts: list[torch.Tensor], max_new_tokens: int) -> 
     Returns steps, mean tree nodes, matmul calls per step, and ms per step for ``step``, ``forward``,
     ``matmul``, ``attention``, ``forward_rest`` and ``outside_forward``.
     """
-    planner = make_planner(model, tree_budget=32, adaptive=True, calibrators={})
+    # default tree budget, cost-aware; fresh rates shared by this run's calls only
+    planner = make_planner(model, DraftConfig(adaptive_tree=True, draft_learning=False), sampling=False)
     profiler = cProfile.Profile()
     steps = nodes = 0
     decode_s = forward_s = 0.0
     for ids in prompts:
         tree_model = ProfiledTreeModel(model, profiler, skinny_sizes=planner.cost.skinny_sizes)
-        options = DecodeOptions(max_new_tokens=max_new_tokens, eos_ids=frozenset(_eos_ids(model)), tree_budget=32)
-        _, stats = speculative_decode(tree_model, ids, [PromptLookupDrafter()], options, planner=planner)
+        options = DecodeOptions(max_new_tokens=max_new_tokens, eos_ids=frozenset(_eos_ids(model)))
+        drafters = make_drafters(["prompt"], DraftSources())
+        _, stats = speculative_decode(tree_model, ids, drafters, options, planner=planner)
         steps += stats.steps
         nodes += stats.tree_nodes
         decode_s += stats.decode_s

@@ -3,12 +3,12 @@
 A server that has answered many code requests has seen how its model writes
 code; ``HistoryDrafter`` turns those earlier outputs into drafts. This script
 plays that server: it decodes HumanEval problems the benchmark never measures
-(from index 52 of the benchmark's shuffle on; ``tools/fit_priors.py`` uses
+(from index 52 of the benchmark's shuffle on; ``tools.fit_priors`` uses
 40-51, the benchmark the first few), raw and as chat requests, through our
 plugin with one shared ``HistoryDrafter``, then saves the history file that
-``tools/bench.py --history`` loads.
+``python -m tools.bench --history`` loads.
 
-    python tools/warm_history.py --out out/history-humaneval.npz [--problems 60]
+    python -m tools.warm_history --out out/history-humaneval.npz [--problems 60]
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 FIRST_PROBLEM = 52
 
 
@@ -32,12 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     args = parser.parse_args(argv)
 
-    from bench_workloads import humaneval_subset
-
     from retrieval_draft.drafters.history import HistoryDrafter
     from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
     from retrieval_draft.hf import generate as plugin_generate
     from retrieval_draft.session import GenerationRequest, load_session
+    from tools.bench_workloads import humaneval_subset
 
     session = load_session()
     problems = humaneval_subset(164, seed=0)[FIRST_PROBLEM : FIRST_PROBLEM + args.problems]

@@ -2,4 +2,4 @@
 
 from retrieval_draft.drafters.base import Draft, Drafter
 
-__all__ = ["Draft", "Drafter"]
+__all__ = ("Draft", "Drafter")

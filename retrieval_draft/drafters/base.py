@@ -3,7 +3,7 @@
 A drafter knows only token ids. Each decoding step the engine hands it the
 whole context (prompt plus tokens emitted so far) and asks for a few
 continuations; the engine merges all drafters' continuations into one token
-tree (see ``retrieval_draft.tree``).
+tree (see ``retrieval_draft.decode.tree``).
 """
 
 from __future__ import annotations

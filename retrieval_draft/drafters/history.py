@@ -80,8 +80,8 @@ class HistoryDrafter(Drafter):
 
     def save(self, path: str | Path, tokenizer=None) -> None:
         """Write the buffer to ``path`` (.npz) atomically; with ``tokenizer``, record its fingerprint."""
-        from datastore.atomic import atomic_path
-        from datastore.tokenizer import tokenizer_fingerprint
+        from retrieval_draft.atomic import atomic_path
+        from retrieval_draft.store.tokenizer import tokenizer_fingerprint
 
         fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else ""
         with atomic_path(Path(path)) as tmp, open(tmp, "wb") as handle:
@@ -95,7 +95,7 @@ class HistoryDrafter(Drafter):
         TokenizerMismatchError when ``tokenizer`` differs from the one recorded,
         TokenIdOutOfRangeError for ids >= ``vocab_size``.
         """
-        from datastore.tokenizer import tokenizer_fingerprint
+        from retrieval_draft.store.tokenizer import tokenizer_fingerprint
 
         try:
             with np.load(path, allow_pickle=False) as data:

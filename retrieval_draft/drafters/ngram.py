@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from datastore.query import ngram_drafts
-from datastore.store import Datastore
 from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.store.query import ngram_drafts
+from retrieval_draft.store.reader import Datastore
 
 
 class NgramDrafter(Drafter):

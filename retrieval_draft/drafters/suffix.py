@@ -5,17 +5,17 @@ Per propose: a binary search over the match length m (at most
 key that prefixes the last m context ids (one datrie ``longest_prefix_value``
 call) and narrows its suffix-array range to all m ids (Numba binary search).
 The longest matching suffix's occurrences are then sampled and turned into
-``branches`` drafts (see ``datastore.query.suffix_drafts``).
+``branches`` drafts (see ``retrieval_draft.store.query.suffix_drafts``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from datastore.query import narrow_range, suffix_drafts
-from datastore.store import Datastore
-from datastore.suffix_trie import encode_ids
 from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.store.query import narrow_range, suffix_drafts
+from retrieval_draft.store.reader import Datastore
+from retrieval_draft.store.suffix_trie import encode_ids
 
 
 class SuffixDrafter(Drafter):

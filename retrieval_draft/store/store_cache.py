@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from datastore.layout import DATA_FILES, MANIFEST
 from retrieval_draft.cache_dir import cache_root
 from retrieval_draft.errors import CorruptDatastoreError
+from retrieval_draft.store.layout import DATA_FILES, MANIFEST
 
 if TYPE_CHECKING:
-    from datastore.store import Datastore
+    from retrieval_draft.store.reader import Datastore
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def was_verified(identity: StoreIdentity) -> bool:
 
 def record_verified(identity: StoreIdentity) -> None:
     """Record a fully verified identity (atomically; an unwritable cache is skipped)."""
-    from datastore.atomic import atomic_write_bytes
+    from retrieval_draft.atomic import atomic_write_bytes
 
     path = _record_path(identity)
     try:
@@ -114,7 +114,7 @@ class StoreCache:
         Raises what ``open_datastore`` raises (CorruptDatastoreError, ...); a
         failed open caches nothing.
         """
-        from datastore.store import open_datastore
+        from retrieval_draft.store.reader import open_datastore
 
         identity = store_identity(path)
         with self._lock:

@@ -15,11 +15,11 @@ import datrie
 import numpy as np
 import pyarrow as pa
 
-from datastore.arrow_io import read_table
-from datastore.layout import NGRAM, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE, separator_id, token_dtype
-from datastore.manifest import check_sizes, read_manifest, verify_files
-from datastore.suffix_trie import key_width, load_trie
 from retrieval_draft.errors import CorruptDatastoreError, TokenIdOutOfRangeError
+from retrieval_draft.store.arrow_io import read_table
+from retrieval_draft.store.layout import NGRAM, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE, separator_id, token_dtype
+from retrieval_draft.store.manifest import check_sizes, read_manifest, verify_files
+from retrieval_draft.store.suffix_trie import key_width, load_trie
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def open_datastore(path: str | Path, *, verify: bool = True) -> Datastore:
 
     ``verify=False`` skips every check that reads whole files (sha256, full
     Arrow validation, id ranges): only for files whose exact bytes were verified
-    before (``retrieval_draft.store_cache`` keeps such records). The manifest's
+    before (``retrieval_draft.store.store_cache`` keeps such records). The manifest's
     own checksum, sizes, schemas and lengths are checked either way.
     Raises CorruptDatastoreError, UnknownFormatVersionError, TokenIdOutOfRangeError.
     """

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from retrieval_draft.cache_dir import cache_root
-from retrieval_draft.calibration import AcceptanceCalibrator
+from retrieval_draft.planning.calibration import AcceptanceCalibrator
 
 RATES_FILE_FORMAT = 1
 SAVE_INTERVAL_S = 30.0
@@ -63,7 +63,7 @@ def read_rates(path: Path) -> Rates | None:
 
 def write_rates(path: Path, rates: Rates) -> None:
     """Store ``rates`` atomically; an unwritable cache directory is skipped silently."""
-    from datastore.atomic import atomic_write_bytes
+    from retrieval_draft.atomic import atomic_write_bytes
 
     def plain(calibrators: dict[str, AcceptanceCalibrator]) -> dict:
         return {

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from retrieval_draft.cache_dir import cache_root
-from retrieval_draft.cost import VerifyCost, measure_cost
+from retrieval_draft.planning.cost import VerifyCost, measure_cost
 
 # Bump when the measurement or the decode path changes what a curve means.
 COST_FILE_FORMAT = 1
@@ -85,7 +85,7 @@ def read_cost(path: Path, key: dict) -> VerifyCost | None:
 
 def write_cost(path: Path, key: dict, cost: VerifyCost) -> None:
     """Store ``cost`` for ``key`` atomically; an unwritable cache directory is skipped silently."""
-    from datastore.atomic import atomic_write_bytes
+    from retrieval_draft.atomic import atomic_write_bytes
 
     body = {
         "key": key,

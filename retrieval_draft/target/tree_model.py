@@ -1,4 +1,4 @@
-"""The only code that touches transformers internals.
+"""The target model's tree forward (part of ``target``, the only code touching transformers internals).
 
 ``TreeModel`` wraps a causal LM and its KV cache: prefill a prompt, score a
 token tree in one forward pass (4D additive mask + per-node position ids),
@@ -12,11 +12,11 @@ import inspect
 import numpy as np
 import torch
 
+from retrieval_draft.decode.tree import DraftTree
 from retrieval_draft.errors import InvalidInputError, UnsupportedModelError
-from retrieval_draft.kv_cache import growing_cache
-from retrieval_draft.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linears
-from retrieval_draft.tree import DraftTree
-from retrieval_draft.tree_attention import sdpa_configs, tree_attention
+from retrieval_draft.target.kv_cache import growing_cache
+from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linears
+from retrieval_draft.target.tree_attention import sdpa_configs, tree_attention
 
 _MASKABLE_ATTENTION = ("sdpa", "eager")
 
@@ -51,9 +51,13 @@ class TreeModel:
     ``past_len`` counts the tokens whose KV rows are cached.
     """
 
-    def __init__(self, model: torch.nn.Module, skinny_sizes: frozenset | None = None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, skinny_sizes: frozenset | None = None, grouped_attention: bool = True
+    ) -> None:
         """``skinny_sizes``: tree sizes whose forward uses the skinny matmul on CPU
-        (default ``SKINNY_ROWS``; ``VerifyCost.skinny_sizes`` holds the measured choice)."""
+        (default ``SKINNY_ROWS``; ``VerifyCost.skinny_sizes`` holds the measured choice).
+        ``grouped_attention``: tree forwards read grouped-query KV heads in place
+        (``tree_attention``); the attribute of that name can be switched later."""
         check_tree_support(model)
         self.model = model
         self.device = next(model.parameters()).device
@@ -64,6 +68,7 @@ class TreeModel:
         self.cache = growing_cache()
         self.past_len = 0
         self._sdpa_configs = sdpa_configs(model)
+        self.grouped_attention = grouped_attention
         self._skinny = eligible_linears(model) if self.device.type == "cpu" else []
         self.skinny_sizes = frozenset(SKINNY_ROWS if skinny_sizes is None else skinny_sizes) if self._skinny else frozenset()
 
@@ -93,7 +98,8 @@ class TreeModel:
         # (no explicit mask) is what plain decoding runs, and it is faster.
         lone = tree.size == 1 and "sliding_attention" not in self._layer_types
         skinny = self._skinny if tree.size in self.skinny_sizes else []
-        with tree_attention([] if lone else self._sdpa_configs), skinny_linears(skinny):
+        grouped = self._sdpa_configs if self.grouped_attention and not lone else []
+        with tree_attention(grouped), skinny_linears(skinny):
             out = self.model(
                 input_ids=torch.from_numpy(tree.tokens).unsqueeze(0).to(self.device),
                 position_ids=torch.from_numpy(positions).unsqueeze(0).to(self.device),

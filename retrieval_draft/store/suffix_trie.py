@@ -33,7 +33,7 @@ from pathlib import Path
 import datrie
 import numpy as np
 
-from datastore.atomic import atomic_path
+from retrieval_draft.atomic import atomic_path
 
 BASE = 64
 ALPHABET_RANGE = (chr(1), chr(BASE))

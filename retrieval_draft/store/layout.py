@@ -11,7 +11,7 @@ A datastore is one directory::
     suffix_ranges.arrow  columns ``lo``/``hi`` (uint32): half-open ranges of
                          the suffix array, one per trie key
     suffix.trie          datrie ``BaseTrie``: encoded n-gram -> row of
-                         suffix_ranges (see ``datastore.suffix_trie``)
+                         suffix_ranges (see ``retrieval_draft.store.suffix_trie``)
     ngram.arrow          the Markov table: per context (orders 1..max_order)
                          the top-K next tokens with counts
 

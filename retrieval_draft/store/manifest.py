@@ -13,9 +13,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from datastore.atomic import atomic_write_bytes
-from datastore.layout import DATA_FILES, MANIFEST, SUPPORTED_VERSIONS
+from retrieval_draft.atomic import atomic_write_bytes
 from retrieval_draft.errors import CorruptDatastoreError, UnknownFormatVersionError
+from retrieval_draft.store.layout import DATA_FILES, MANIFEST, SUPPORTED_VERSIONS
 
 HASH_CHUNK = 8 << 20
 

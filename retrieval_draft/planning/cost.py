@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from retrieval_draft.skinny_linear import SKINNY_ROWS
+from retrieval_draft.target.skinny_linear import SKINNY_ROWS
 
 PROBE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 PROBE_CACHE_LEN = 256
@@ -84,7 +84,7 @@ def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PRO
     both ways; the curve takes the faster, and ``skinny_sizes`` lists the
     sizes that take the kernel (each size follows the nearest probe at or below it).
     """
-    from retrieval_draft.model_adapter import TreeModel
+    from retrieval_draft.target.tree_model import TreeModel
 
     tree_model = TreeModel(model)
     rng = np.random.default_rng(0)
@@ -121,7 +121,7 @@ def kernel_sizes(kernel_wins: dict[int, bool]) -> frozenset:
 def time_chain(tree_model, size: int, rng: np.random.Generator, repeats: int, warmups: int = 1) -> float:
     """Median seconds of ``repeats`` forwards over a random ``size``-token chain, after ``warmups``
     untimed ones; the cache is trimmed back to one new row after each."""
-    from retrieval_draft.tree import DraftTree
+    from retrieval_draft.decode.tree import DraftTree
 
     chain = DraftTree(
         tokens=rng.integers(0, tree_model.model.config.vocab_size, size=size),

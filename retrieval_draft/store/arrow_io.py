@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from datastore.atomic import atomic_path
+from retrieval_draft.atomic import atomic_path
 from retrieval_draft.errors import CorruptDatastoreError
 
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.calibration import AcceptanceCalibrator
-from retrieval_draft.cost import ObservedCost, VerifyCost
-from retrieval_draft.drafter_gate import DrafterGate
+from retrieval_draft.config import DEFAULTS
+from retrieval_draft.decode.tree import DraftTree, merge_drafts
 from retrieval_draft.drafters.base import Draft
-from retrieval_draft.tree import DraftTree, merge_drafts
+from retrieval_draft.planning.calibration import AcceptanceCalibrator
+from retrieval_draft.planning.cost import ObservedCost, VerifyCost
+from retrieval_draft.planning.drafter_gate import DrafterGate
 
 SourcedDrafts = list[tuple[str, Draft]]  # (drafter name, draft)
 
@@ -41,7 +42,7 @@ class TreePlanner:
 
     def __init__(
         self,
-        max_nodes: int = 32,
+        max_nodes: int = DEFAULTS.tree_budget,
         cost: VerifyCost | None = None,
         overhead_decay: float = 0.9,
         calibrators: dict[str, AcceptanceCalibrator] | None = None,

@@ -16,11 +16,13 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from retrieval_draft.config import DEFAULTS
+from retrieval_draft.decode.tree import build_tree
+from retrieval_draft.decode.verify import LogitsProcessor, Verdict, verify_greedy, verify_sampling
 from retrieval_draft.drafters.base import Drafter
-from retrieval_draft.model_adapter import TreeModel
-from retrieval_draft.planner import SourcedDrafts, TreePlanner
-from retrieval_draft.tree import build_tree
-from retrieval_draft.verify import LogitsProcessor, Verdict, verify_greedy, verify_sampling
+from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.planning.planner import TreePlanner
+from retrieval_draft.target.tree_model import TreeModel
 
 
 @dataclass(frozen=True)
@@ -30,17 +32,21 @@ class DecodeOptions:
     Attributes:
         max_new_tokens: stop after this many new tokens.
         eos_ids: generation stops right after emitting any of these.
-        tree_budget: most draft nodes per tree, root excluded (0 = plain
-            decoding); used when no planner is given.
-        max_draft_len: deepest draft path, in tokens.
+        max_draft_len: deepest draft path, in tokens (the node budget is the
+            planner's ``max_nodes``).
         do_sample: sample (lossless speculative sampling) instead of greedy.
     """
 
     max_new_tokens: int
     eos_ids: frozenset[int] = frozenset()
-    tree_budget: int = 12
-    max_draft_len: int = 32
+    max_draft_len: int = DEFAULTS.max_draft_len
     do_sample: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise InvalidInputError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.max_draft_len < 1:
+            raise InvalidInputError(f"max_draft_len must be at least 1, got {self.max_draft_len}")
 
 
 @dataclass
@@ -102,12 +108,12 @@ def speculative_decode(
     ``should_stop`` sees the whole sequence (prompt + new, shape (L + m,))
     after each new token and ends generation when it returns True, as HF
     stopping criteria do. ``planner`` sizes each tree (default: a fixed
-    ``options.tree_budget`` nodes). ``on_logits`` receives, after each step,
+    ``DEFAULTS.tree_budget`` nodes). ``on_logits`` receives, after each step,
     the model's raw logits for the tokens emitted (row j: the distribution
     token j was chosen from). Returns the new tokens, shape (m,), and statistics.
     """
     stats = DecodeStats()
-    planner = planner if planner is not None else TreePlanner(max_nodes=options.tree_budget)
+    planner = planner if planner is not None else TreePlanner(max_nodes=DEFAULTS.tree_budget)
     length = prompt.shape[1]
     context = np.empty(length + options.max_new_tokens + 1, dtype=np.int64)
     context[:length] = prompt[0].cpu().numpy()

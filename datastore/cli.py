@@ -1,0 +1,35 @@
+"""The ``retrieval-draft`` console script: the runtime's ``generate`` plus the builder's commands.
+
+    retrieval-draft generate --prompt "..." [--chat] [--max-new-tokens N] [--compare]
+    retrieval-draft build / inspect / merge / stats   (datastores; see ``commands``)
+
+It lives with the builder because it joins both packages, and imports run one
+way: from here into the runtime. Errors we raise on purpose print as one line
+(``error: ...``) with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from retrieval_draft.cli import add_generate, run
+from retrieval_draft_datastore.commands import register
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(prog="retrieval-draft", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_generate(sub)
+    register(sub)  # build, inspect, merge, stats
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

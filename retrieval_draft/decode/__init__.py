@@ -1,0 +1,1 @@
+"""The decode loop (``engine``), token trees (``tree``) and verification (``verify``): token ids only."""

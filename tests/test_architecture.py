@@ -1,0 +1,77 @@
+"""The house plan holds: imports run one way, and the runtime keeps no hidden module-level state."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RUNTIME = REPO / "retrieval_draft"
+BUILDER = REPO / "datastore"
+
+# The one documented process-wide object and the one drafter menu (read-only mapping).
+ALLOWED_STATE = {("memory.py", "PROCESS_MEMORY"), ("drafters/registry.py", "DRAFTERS")}
+MUTABLE_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "WeakKeyDictionary", "WeakValueDictionary",
+                 "PluginMemory", "StoreCache", "HistoryDrafter", "CostCache", "deque"}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_the_runtime_never_imports_the_builder_or_the_tools():
+    for path in RUNTIME.rglob("*.py"):
+        tops = {_top(name) for name in _imports(path)}
+        assert not tops & {"retrieval_draft_datastore", "datastore", "tools"}, path
+
+
+def test_the_builder_imports_the_runtime_by_its_installed_names_only():
+    for path in BUILDER.rglob("*.py"):
+        tops = {_top(name) for name in _imports(path)}
+        assert "datastore" not in tops and "tools" not in tops, path
+
+
+def test_the_folders_name_the_architecture():
+    for module in ("decode/engine.py", "decode/verify.py", "decode/tree.py", "planning/planner.py",
+                   "target/tree_model.py", "store/reader.py", "drafters/registry.py", "config.py", "memory.py"):
+        assert (RUNTIME / module).is_file(), module
+
+
+def _module_level_mutables(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = []
+    for node in tree.body:
+        targets, value = [], None
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        if value is None:
+            continue
+        mutable = isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp))
+        if isinstance(value, ast.Call):
+            func = value.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            mutable = called in MUTABLE_CALLS
+        if mutable:
+            names.extend(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_no_module_level_mutable_state_outside_the_documented_objects():
+    found = []
+    for path in RUNTIME.rglob("*.py"):
+        relative = path.relative_to(RUNTIME).as_posix()
+        found.extend((relative, name) for name in _module_level_mutables(path) if (relative, name) not in ALLOWED_STATE)
+    assert found == []
