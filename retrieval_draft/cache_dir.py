@@ -3,12 +3,15 @@
 ``$RETRIEVAL_DRAFT_CACHE`` when set, else ``$XDG_CACHE_HOME/retrieval-draft``
 (an absolute ``XDG_CACHE_HOME`` only, as the XDG spec asks), else
 ``~/.cache/retrieval-draft``. It holds measured forward-cost curves
-(``cost-curves/``) and records of verified datastores (``verified-stores/``);
+(``cost-curves/``), learned acceptance rates (``learned-rates/``) and records of
+verified datastores (``verified-stores/``);
 deleting it costs a re-measurement and a re-verification, nothing else.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -23,3 +26,21 @@ def cache_root() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
     return base / "retrieval-draft"
+
+
+def cache_file(kind: str, key: str) -> Path:
+    """The file for ``key`` (any text naming what it holds) in the ``kind`` folder of the cache."""
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
+    return cache_root() / kind / f"{digest}.json"
+
+
+def write_cache_json(path: Path, body) -> None:
+    """Write ``body`` as JSON to ``path`` atomically; an unwritable cache is skipped silently
+    (it costs a re-measurement or re-verification in a later process, nothing else)."""
+    from retrieval_draft.atomic import atomic_write_bytes
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps(body).encode("utf-8"))
+    except OSError:
+        pass

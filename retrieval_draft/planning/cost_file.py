@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retrieval_draft.cache_dir import cache_root
+from retrieval_draft.cache_dir import cache_file, write_cache_json
 from retrieval_draft.planning.cost import VerifyCost, measure_cost
 
 # Bump when the measurement or the decode path changes what a curve means.
@@ -60,8 +60,7 @@ def cost_key(model: torch.nn.Module) -> dict:
 
 def cost_path(key: dict) -> Path:
     """Where the curve for ``key`` is kept."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()[:32]
-    return cache_root() / "cost-curves" / f"{digest}.json"
+    return cache_file("cost-curves", json.dumps(key, sort_keys=True))
 
 
 def read_cost(path: Path, key: dict) -> VerifyCost | None:
@@ -85,18 +84,12 @@ def read_cost(path: Path, key: dict) -> VerifyCost | None:
 
 def write_cost(path: Path, key: dict, cost: VerifyCost) -> None:
     """Store ``cost`` for ``key`` atomically; an unwritable cache directory is skipped silently."""
-    from retrieval_draft.atomic import atomic_write_bytes
-
     body = {
         "key": key,
         "seconds": cost.seconds.tolist(),
         "skinny_sizes": None if cost.skinny_sizes is None else sorted(cost.skinny_sizes),
     }
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, (json.dumps(body, indent=1) + "\n").encode("utf-8"))
-    except OSError:
-        pass  # a read-only home costs a re-measurement next process, nothing else
+    write_cache_json(path, body)
 
 
 def load_or_measure_cost(model: torch.nn.Module) -> VerifyCost:

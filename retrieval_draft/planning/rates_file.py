@@ -13,14 +13,13 @@ foreign file is ignored.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from retrieval_draft.cache_dir import cache_root
+from retrieval_draft.cache_dir import cache_file, write_cache_json
 from retrieval_draft.planning.calibration import AcceptanceCalibrator
 
 RATES_FILE_FORMAT = 1
@@ -32,8 +31,7 @@ Rates = dict[bool, dict[str, AcceptanceCalibrator]]
 def rates_path(model: torch.nn.Module) -> Path:
     """Where ``model``'s rates are kept."""
     config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
-    digest = hashlib.sha256(f"{RATES_FILE_FORMAT}:{config}".encode("utf-8")).hexdigest()[:32]
-    return cache_root() / "learned-rates" / f"{digest}.json"
+    return cache_file("learned-rates", f"{RATES_FILE_FORMAT}:{config}")
 
 
 def _calibrator(body: dict) -> AcceptanceCalibrator:
@@ -63,8 +61,6 @@ def read_rates(path: Path) -> Rates | None:
 
 def write_rates(path: Path, rates: Rates) -> None:
     """Store ``rates`` atomically; an unwritable cache directory is skipped silently."""
-    from retrieval_draft.atomic import atomic_write_bytes
-
     def plain(calibrators: dict[str, AcceptanceCalibrator]) -> dict:
         return {
             name: {"prior_scale": c.prior_scale, "hits": c.hits.tolist(), "trials": c.trials.tolist()}
@@ -72,8 +68,4 @@ def write_rates(path: Path, rates: Rates) -> None:
         }
 
     body = {"format": RATES_FILE_FORMAT, "greedy": plain(rates[False]), "sampling": plain(rates[True])}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, json.dumps(body).encode("utf-8"))
-    except OSError:
-        pass
+    write_cache_json(path, body)

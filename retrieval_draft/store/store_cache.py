@@ -23,7 +23,6 @@ damaged or foreign record means a full verification.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from retrieval_draft.cache_dir import cache_root
+from retrieval_draft.cache_dir import cache_file, write_cache_json
 from retrieval_draft.errors import CorruptDatastoreError
 from retrieval_draft.store.layout import DATA_FILES, MANIFEST
 
@@ -68,8 +67,7 @@ def store_identity(path: str | os.PathLike) -> StoreIdentity:
 
 
 def _record_path(identity: StoreIdentity) -> Path:
-    digest = hashlib.sha256(identity.path.encode("utf-8")).hexdigest()[:32]
-    return cache_root() / "verified-stores" / f"{digest}.json"
+    return cache_file("verified-stores", identity.path)
 
 
 def _record_body(identity: StoreIdentity) -> dict:
@@ -86,14 +84,7 @@ def was_verified(identity: StoreIdentity) -> bool:
 
 def record_verified(identity: StoreIdentity) -> None:
     """Record a fully verified identity (atomically; an unwritable cache is skipped)."""
-    from retrieval_draft.atomic import atomic_write_bytes
-
-    path = _record_path(identity)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, json.dumps(_record_body(identity)).encode("utf-8"))
-    except OSError:
-        pass
+    write_cache_json(_record_path(identity), _record_body(identity))
 
 
 class StoreCache:
