@@ -11,6 +11,7 @@ DEMO_STORE := .cache/stdlib-datastore
 
 setup: $(STAMP)
 
+# The test extra includes ray[data] for tests/test_datastore_ray.py (~20 s, ~240 MB installed).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0

@@ -4,5 +4,7 @@ subcommands (build, inspect, stats, merge).
 
 It writes the format that ``retrieval_draft.store`` defines and reads; imports run one
 way, from here into the runtime. Entry points: ``retrieval_draft_datastore.builder.build``
-/ ``merge`` and ``retrieval_draft_datastore.commands.register``.
+/ ``merge``, ``retrieval_draft_datastore.ray_build.build_ray`` (the same store built on Ray
+Data: ``ray_tokenise``, ``ray_index``, ``kernels_merge``; needs the ``distributed`` extra)
+and ``retrieval_draft_datastore.commands.register``.
 """

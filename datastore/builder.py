@@ -28,19 +28,27 @@ from retrieval_draft_datastore.sources import SourceOptions, iter_documents
 SPOOL = "tokens.spool"
 
 
-def _finish(tmp: Path, out: Path, tokens: np.ndarray, header: dict, params: IndexParams, extra: dict) -> dict:
-    """Index ``tokens`` into ``tmp``, write the manifest, swap ``tmp`` into ``out``; returns the manifest."""
+def store_manifest(tmp: Path, tokens: np.ndarray, header: dict, params: IndexParams, index_stats: dict,
+                   extra: dict) -> dict:
+    """Write the manifest of the data files in ``tmp``; ``header`` holds vocab_size, fingerprint, documents."""
     vocab_size = header["vocab_size"]
-    sep = separator_id(tokens.dtype)
-    index_stats = write_index(tmp, tokens, vocab_size, sep, params)
+    index_stats = dict(index_stats)
+    storage = {"dtype": tokens.dtype.name, "separator_id": separator_id(tokens.dtype),
+               "trie_key_width": key_width(vocab_size), "count_dtype": index_stats.pop("count_dtype")}
     body = {
         "format_version": FORMAT_VERSION,
         "tokenizer": {"fingerprint": header["fingerprint"], "vocab_size": vocab_size},
-        "storage": {"dtype": tokens.dtype.name, "separator_id": sep, "trie_key_width": key_width(vocab_size)},
+        "storage": storage,
         "params": params.to_dict(),
         "stats": {"documents": header["documents"], "tokens": int(tokens.size), **index_stats, **extra},
     }
-    manifest = write_manifest(tmp, body)
+    return write_manifest(tmp, body)
+
+
+def _finish(tmp: Path, out: Path, tokens: np.ndarray, header: dict, params: IndexParams, extra: dict) -> dict:
+    """Index ``tokens`` into ``tmp``, write the manifest, swap ``tmp`` into ``out``; returns the manifest."""
+    index_stats = write_index(tmp, tokens, header["vocab_size"], separator_id(tokens.dtype), params)
+    manifest = store_manifest(tmp, tokens, header, params, index_stats, extra)
     swap_into_place(tmp, out)
     return manifest
 
@@ -74,7 +82,8 @@ def build(
                   "documents": corpus.documents}
         if progress:
             print(f"indexing {tokens.size} tokens", file=sys.stderr)
-        return _finish(tmp, Path(out), tokens, header, params, {"tokenize_seconds": round(tokenize_seconds, 3)})
+        return _finish(tmp, Path(out), tokens, header, params, {"tokenize_seconds": round(tokenize_seconds, 3),
+                                                                       "engine": "local"})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

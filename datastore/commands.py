@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.store.reader import Datastore, open_datastore
 from retrieval_draft_datastore.index import IndexParams
 from retrieval_draft_datastore.sources import SourceOptions
@@ -43,6 +44,11 @@ def register(subparsers) -> None:
     b.add_argument("--sort-depth", type=int, default=defaults.sort_depth, help="longest suffix match, tokens")
     b.add_argument("--trie-depth", type=int, default=defaults.trie_depth, help="longest trie key, tokens")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: one process (default); ray: Ray Data, local or a cluster (pip install "
+                        "'retrieval-draft[distributed]')")
+    b.add_argument("--address", help="with --engine ray: the Ray cluster to join (default: start a local one)")
+    b.add_argument("--workers", type=int, help="with --engine ray: tokenising actors (default: the cluster's CPUs)")
     b.set_defaults(func=cmd_build)
     i = subparsers.add_parser("inspect", help="describe a datastore and show continuations of a query")
     i.add_argument("path", type=Path)
@@ -74,8 +80,16 @@ def cmd_build(args) -> int:
     options = SourceOptions(
         globs=tuple(args.glob or ["*"]), excludes=tuple(args.exclude or ()), field=args.field, column=args.column
     )
-    manifest = build(args.sources, args.out, _tokenizer(args), options=options, params=params,
-                     progress=not args.quiet)
+    if args.engine == "local" and (args.address or args.workers):
+        raise InvalidInputError("--address and --workers need --engine ray")
+    if args.engine == "ray":
+        from retrieval_draft_datastore.ray_build import build_ray
+
+        manifest = build_ray(args.sources, args.out, _tokenizer(args), options=options, params=params,
+                             address=args.address, workers=args.workers, progress=not args.quiet)
+    else:
+        manifest = build(args.sources, args.out, _tokenizer(args), options=options, params=params,
+                         progress=not args.quiet)
     stats = manifest["stats"]
     print(f"built {args.out}: {stats['documents']} documents, {stats['tokens']} tokens")
     return 0

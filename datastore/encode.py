@@ -29,7 +29,7 @@ class CorpusStats:
     tokens: int
 
 
-def _batches(docs: Iterable[str], max_docs: int, max_chars: int) -> Iterator[list[str]]:
+def document_batches(docs: Iterable[str], max_docs: int, max_chars: int) -> Iterator[list[str]]:
     """Group documents into batches of at most ``max_docs`` docs or about ``max_chars`` chars."""
     batch: list[str] = []
     chars = 0
@@ -87,7 +87,7 @@ def encode_corpus(
     documents = tokens = 0
     bar = tqdm(desc="tokenising", unit="doc", file=sys.stderr, disable=not progress, mininterval=0.5)
     with open(spool, "wb") as out:
-        for batch in _batches(docs, BATCH_DOCS, BATCH_CHARS):
+        for batch in document_batches(docs, BATCH_DOCS, BATCH_CHARS):
             flat = encode_batch(tokenizer, batch, sep, vocab_size)
             kept = int(np.count_nonzero(flat == sep))
             out.write(flat.astype(dtype).tobytes())

@@ -3,11 +3,20 @@
 Input is the whole stream (shape (T,), uint16/uint32, separator-terminated
 documents); output is the data files of ``retrieval_draft.store.layout`` written into a
 directory. Memory peaks at about 20 bytes per token during the sort.
+
+The work after the sort splits by key range of the suffix array
+(``index_part``): a context of n >= 1 tokens is one contiguous group that
+never straddles a first-token boundary, so each range of first tokens is
+counted on its own and the parts are concatenated in key order
+(``write_parts``). The single-process build is the one-part case
+(``write_index``); the distributed build counts many parts on many workers.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -15,10 +24,11 @@ import numpy as np
 
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.store.arrow_io import write_table
-from retrieval_draft.store.layout import NGRAM, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE
+from retrieval_draft.store.layout import MAX_STORED_TOTAL, NGRAM, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE, count_dtype
 from retrieval_draft.store.suffix_trie import build_trie, encode_rows, key_width
 from retrieval_draft_datastore.kernels_count import capped_lcp, count_ngrams, trie_ranges, valid_lengths
 from retrieval_draft_datastore.kernels_sort import sort_suffixes
+from retrieval_draft_datastore.prune import prune_ngrams
 
 
 @dataclass(frozen=True)
@@ -52,51 +62,126 @@ class IndexParams:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def lcp_cap(self) -> int:
+        """Longest common prefix the counting needs, in tokens."""
+        return max(self.max_order + 1, self.trie_depth)
+
+
+@dataclass(frozen=True)
+class PartIndex:
+    """Counts of one key range of the suffix array.
+
+    Attributes:
+        per_order: per order n = 1..max_order, (ctx (R, n), nxt (R, K), cnt (R, K) uint32, tot (R,) uint32).
+        lo, hi: (R,) uint32 trie-key ranges, relative to the part's first suffix-array row.
+        dep: (R,) uint8 trie-key lengths.
+    """
+
+    per_order: list
+    lo: np.ndarray
+    hi: np.ndarray
+    dep: np.ndarray
+
+
+def index_part(tokens: np.ndarray, sa_part: np.ndarray, vlen: np.ndarray, params: IndexParams,
+               threads: int = 1) -> PartIndex:
+    """Count the n-grams and trie keys of ``sa_part``, a run of the suffix array holding whole
+    first-token groups; ``vlen = valid_lengths(tokens, sep, params.lcp_cap)``.
+
+    ``threads``: the orders and the trie ranges are independent scans (Numba, GIL released),
+    run on this many threads.
+    """
+    lcp = capped_lcp(tokens, sa_part, vlen, params.lcp_cap)
+    jobs = [lambda n=n: count_ngrams(tokens, sa_part, lcp, vlen, n, params.top_k, params.min_count)
+            for n in range(params.max_order, 0, -1)]  # longest first: the slowest scans start first
+    jobs.append(lambda: trie_ranges(sa_part, lcp, vlen, params.trie_depth, params.trie_min_count))
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        results = list(pool.map(lambda job: job(), jobs))
+    lo, hi, dep = results[-1]
+    return PartIndex(results[-2::-1], lo, hi, dep)
+
 
 def _ngram_columns(per_order: list[tuple], max_order: int, dtype: np.dtype) -> dict[str, np.ndarray]:
-    """Stack the per-order tables into the columns of ngram.arrow (contexts zero-padded to max_order)."""
+    """Stack the per-order tables into the columns of ngram.arrow (contexts zero-padded to max_order;
+    counts and totals uint16, see ``narrow_counts``)."""
     order = np.concatenate([np.full(len(t[3]), n, np.uint8) for n, t in enumerate(per_order, 1)])
     ctx = np.zeros((order.size, max_order), dtype)
     row = 0
     for n, (c, _, _, _) in enumerate(per_order, 1):
         ctx[row : row + len(c), :n] = c
         row += len(c)
-    return {
-        "order": order,
-        "context": ctx,
-        "next": np.concatenate([t[1] for t in per_order]),
-        "count": np.concatenate([t[2] for t in per_order]),
-        "total": np.concatenate([t[3] for t in per_order]),
-    }
+    count, total = narrow_counts(np.concatenate([t[2] for t in per_order]), np.concatenate([t[3] for t in per_order]))
+    return {"order": order, "context": ctx, "next": np.concatenate([t[1] for t in per_order]),
+            "count": count, "total": total}
 
 
-def write_index(directory: Path, tokens: np.ndarray, vocab_size: int, sep: int, params: IndexParams) -> dict:
-    """Write every data file of a datastore for ``tokens`` into ``directory``.
+def narrow_counts(count: np.ndarray, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Counts (R, K) and totals (R,) as uint16.
 
-    Returns statistics: contexts per order, trie keys, seconds per phase.
+    A row whose total exceeds 65,535 (a few hundred contexts such as a newline
+    in a big corpus) is scaled to a total of 65,535, counts rounded: every
+    draft probability count / (total + pseudo) moves by at most
+    (pseudo + 0.5) / 65,536 (2.3e-5 at the drafters' pseudo = 1), the slot
+    order stays, and continuations rarer than 1 in 131,070 drop out (count 0
+    = unused slot). Rows within 16 bits are stored exactly.
     """
-    seconds = {}
+    limit = MAX_STORED_TOTAL
+    big = total > limit
+    count = count.astype(np.float64 if big.any() else count.dtype)
+    if big.any():
+        count[big] = np.floor(count[big] * (limit / total[big].astype(np.float64))[:, None] + 0.5)
+    return count.astype(count_dtype(limit)), np.minimum(total, limit).astype(count_dtype(limit))
+
+
+def _concat_parts(parts: list[PartIndex], sizes: list[int], max_order: int) -> tuple:
+    """(per-order tables, lo, hi, dep) of the whole suffix array from its parts in key order."""
+    per_order = [tuple(np.concatenate([p.per_order[n][f] for p in parts]) for f in range(4))
+                 for n in range(max_order)]
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    lo = np.concatenate([p.lo.astype(np.int64) + s for p, s in zip(parts, starts)]).astype(np.uint32)
+    hi = np.concatenate([p.hi.astype(np.int64) + s for p, s in zip(parts, starts)]).astype(np.uint32)
+    return per_order, lo, hi, np.concatenate([p.dep for p in parts])
+
+
+def write_parts(directory: Path, tokens: np.ndarray, sa: np.ndarray, parts: list[PartIndex], sizes: list[int],
+                vocab_size: int, params: IndexParams) -> dict:
+    """Write every data file of a datastore from the stream, its suffix array and the counted parts
+    (``sizes[p]`` = suffix-array rows of part p). Returns the count dtype's name, contexts per
+    order (kept and counted), trie keys, seconds."""
     start = time.perf_counter()
     write_table(directory / TOKENS, {"token": tokens})
-    sa = sort_suffixes(tokens, params.sort_depth)
-    seconds["sort"] = time.perf_counter() - start
     write_table(directory / SUFFIX_ARRAY, {"pos": sa})
-    start = time.perf_counter()
-    cap = max(params.max_order + 1, params.trie_depth)
-    vlen = valid_lengths(tokens, sep, cap)
-    lcp = capped_lcp(tokens, sa, vlen, cap)
-    per_order = [count_ngrams(tokens, sa, lcp, vlen, n, params.top_k, params.min_count) for n in range(1, params.max_order + 1)]
-    write_table(directory / NGRAM, _ngram_columns(per_order, params.max_order, tokens.dtype))
-    seconds["count"] = time.perf_counter() - start
-    start = time.perf_counter()
-    lo, hi, dep = trie_ranges(sa, lcp, vlen, params.trie_depth, params.trie_min_count)
+    per_order, lo, hi, dep = _concat_parts(parts, sizes, params.max_order)
+    counted = [int(len(t[3])) for t in per_order]
+    per_order = prune_ngrams(per_order)
+    columns = _ngram_columns(per_order, params.max_order, tokens.dtype)
+    write_table(directory / NGRAM, columns)
     write_table(directory / SUFFIX_RANGES, {"lo": lo, "hi": hi})
     firsts = sa[lo].astype(np.int64)[:, None] + np.arange(params.trie_depth)[None, :]
     key_ids = tokens[np.minimum(firsts, tokens.size - 1)]
     build_trie(encode_rows(key_ids, dep, key_width(vocab_size)), directory / TRIE)
-    seconds["trie"] = time.perf_counter() - start
     return {
+        "count_dtype": columns["total"].dtype.name,
         "contexts_per_order": [int(len(t[3])) for t in per_order],
+        "contexts_counted_per_order": counted,
         "trie_keys": int(lo.size),
-        "index_seconds": {k: round(v, 3) for k, v in seconds.items()},
+        "index_seconds": {"write": round(time.perf_counter() - start, 3)},
     }
+
+
+def write_index(directory: Path, tokens: np.ndarray, vocab_size: int, sep: int, params: IndexParams) -> dict:
+    """Write every data file of a datastore for ``tokens`` into ``directory`` (one process, one part).
+
+    Returns statistics: contexts per order, trie keys, seconds per phase.
+    """
+    start = time.perf_counter()
+    sa = sort_suffixes(tokens, params.sort_depth, sep)
+    sort_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    part = index_part(tokens, sa, valid_lengths(tokens, sep, params.lcp_cap), params, threads=os.cpu_count() or 1)
+    count_seconds = time.perf_counter() - start
+    stats = write_parts(directory, tokens, sa, [part], [sa.size], vocab_size, params)
+    stats["index_seconds"] = {"sort": round(sort_seconds, 3), "count": round(count_seconds, 3),
+                              **stats["index_seconds"]}
+    return stats

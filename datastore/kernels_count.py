@@ -43,7 +43,7 @@ def capped_lcp(tokens: np.ndarray, sa: np.ndarray, vlen: np.ndarray, cap: int) -
     return lcp
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _group_end(lcp: np.ndarray, start: int, n_tokens: int) -> int:
     """End (exclusive) of the group starting at ``start`` whose members share >= n_tokens tokens."""
     end = start + 1
@@ -52,7 +52,7 @@ def _group_end(lcp: np.ndarray, start: int, n_tokens: int) -> int:
     return end
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _top_runs(tokens, sa, lcp, vlen, g0, g1, n, top_k, out_tok, out_cnt) -> int:
     """Top-k next tokens (by count, then id) of the order-n group [g0, g1); returns their total."""
     for k in range(top_k):
@@ -81,7 +81,7 @@ def _top_runs(tokens, sa, lcp, vlen, g0, g1, n, top_k, out_tok, out_cnt) -> int:
     return total
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scan_order(tokens, sa, lcp, vlen, n, top_k, min_count, ctx, nxt, cnt, tot, fill) -> int:
     """Rows of the order-n Markov table: contexts with >= min_count continuations.
 
@@ -114,7 +114,7 @@ def scan_order(tokens, sa, lcp, vlen, n, top_k, min_count, ctx, nxt, cnt, tot, f
     return rows
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def prefix_ranges(sa, lcp, vlen, depth, min_count, lo, hi, dep, fill) -> int:
     """Suffix-array ranges of every n-gram, n = 1..depth, in lexicographic key order.
 

@@ -7,12 +7,18 @@ doubles the sorted prefix length ``h``. Keys are built by a *sequential*
 pass over positions and sorted with 11-bit LSD radix passes, whose scatters
 stay cache friendly; only the rank update is a random scatter. Rounds stop
 once ``h >= depth`` or every position is alone in its group, giving a
-suffix array sorted to ``depth`` tokens whose ties keep a deterministic order.
+suffix array sorted to ``effective_depth`` tokens; ties keep position order.
 
-Ranks are "start of the equal-prefix group + 1"; 0 means "past the end".
-Tokens after a separator are compared like any others (the stream's last
-token is a separator, so only text after a separator is ever compared with
-the end of the stream); matching never crosses a separator anyway.
+The key of a position stops at the first separator (included): what follows
+a separator never counts, so a position's place depends only on its own
+document. That makes the order local: sorting shards of whole documents
+apart and merging them (``kernels_merge``) gives exactly the order of one
+sort over the whole stream, which the distributed build relies on. Two
+positions whose keys are equal (the same tokens up to a separator, or the
+same first ``effective_depth`` tokens) keep their stream order.
+
+Ranks are "start of the equal-prefix group + 1"; 0 means "nothing more"
+(past a separator or past the end).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import numpy as np
 from numba import njit, prange
 
 from retrieval_draft.store.layout import MAX_STREAM_TOKENS
+from retrieval_draft_datastore.kernels_count import valid_lengths
 
 RADIX_BITS = 11
 
@@ -59,26 +66,31 @@ def _radix_sort(keys: np.ndarray, idx: np.ndarray, bits: int) -> tuple[np.ndarra
 
 
 @njit(parallel=True, cache=True)
-def _initial_keys(tokens: np.ndarray, k0: int, bits_per_token: int) -> np.ndarray:
-    """Key of position i: tokens[i:i+k0] packed big-endian (past the end counts as 0); (n,), uint64."""
+def _initial_keys(tokens: np.ndarray, k0: int, bits_per_token: int, sep: int) -> np.ndarray:
+    """Key of position i: tokens[i:i+k0] packed big-endian, 0 after a separator or the end; (n,), uint64."""
     n = tokens.size
     keys = np.zeros(n, np.uint64)
     for i in prange(n):
         key = np.uint64(0)
+        ended = False
         for k in range(k0):
-            t = np.uint64(tokens[i + k]) if i + k < n else np.uint64(0)
+            t = np.uint64(0)
+            if not ended and i + k < n:
+                t = np.uint64(tokens[i + k])
+                ended = tokens[i + k] == sep
             key = (key << np.uint64(bits_per_token)) | t
         keys[i] = key
     return keys
 
 
 @njit(parallel=True, cache=True)
-def _pair_keys(rank: np.ndarray, h: int, bits: int) -> np.ndarray:
-    """Key of position i: (rank[i] << bits) | rank[i + h] (0 past the end); (n,), uint64."""
+def _pair_keys(rank: np.ndarray, h: int, bits: int, vlen: np.ndarray) -> np.ndarray:
+    """Key of position i: (rank[i] << bits) | rank[i + h], the second 0 when a separator
+    lies in tokens[i:i+h] (``vlen[i] < h``) or past the end; (n,), uint64."""
     n = rank.size
     keys = np.empty(n, np.uint64)
     for i in prange(n):
-        second = rank[i + h] if i + h < n else 0
+        second = rank[i + h] if i + h < n and vlen[i] >= h else 0
         keys[i] = (np.uint64(rank[i]) << np.uint64(bits)) | np.uint64(second)
     return keys
 
@@ -96,8 +108,18 @@ def _group_ranks(sorted_keys: np.ndarray, sa: np.ndarray, rank: np.ndarray) -> i
     return groups
 
 
-def sort_suffixes(tokens: np.ndarray, depth: int) -> np.ndarray:
-    """Positions of ``tokens`` (shape (n,), uint16/uint32) sorted by their first ``depth`` tokens.
+def effective_depth(depth: int, dtype: np.dtype) -> int:
+    """Tokens the sort really orders by: the first power-of-two multiple of the initial
+    key width (4 uint16 or 2 uint32 ids) that reaches ``depth``."""
+    h = 64 // (16 if np.dtype(dtype) == np.uint16 else 32)
+    while h < depth:
+        h *= 2
+    return h
+
+
+def sort_suffixes(tokens: np.ndarray, depth: int, sep: int) -> np.ndarray:
+    """Positions of ``tokens`` (shape (n,), uint16/uint32, ending with ``sep``) sorted by
+    their first ``effective_depth(depth)`` tokens up to the first separator, then by position.
 
     Returns shape (n,), uint32. Equal inputs give equal outputs.
     """
@@ -106,14 +128,16 @@ def sort_suffixes(tokens: np.ndarray, depth: int) -> np.ndarray:
         raise ValueError(f"stream of {n} tokens exceeds the limit of {MAX_STREAM_TOKENS}")
     bits_per_token = 16 if tokens.dtype == np.uint16 else 32
     k0 = 64 // bits_per_token
-    keys = _initial_keys(tokens, k0, bits_per_token)
+    keys = _initial_keys(tokens, k0, bits_per_token, sep)
     keys, sa = _radix_sort(keys, np.arange(n, dtype=np.int32), 64)
     rank = np.empty(n, np.int32)
     groups = _group_ranks(keys, sa, rank)
     rank_bits = max(1, int(n + 1).bit_length())
+    final = effective_depth(depth, tokens.dtype)
+    vlen = valid_lengths(tokens, sep, min(final, 255)) if final > k0 else np.zeros(0, np.uint8)
     h = k0
-    while h < depth and groups < n:
-        keys, sa = _radix_sort(_pair_keys(rank, h, rank_bits), np.arange(n, dtype=np.int32), 2 * rank_bits)
+    while h < final and groups < n:
+        keys, sa = _radix_sort(_pair_keys(rank, h, rank_bits, vlen), np.arange(n, dtype=np.int32), 2 * rank_bits)
         groups = _group_ranks(keys, sa, rank)
         h *= 2
     return sa.astype(np.uint32)

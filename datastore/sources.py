@@ -1,12 +1,18 @@
-"""Corpus readers: stream documents (str) from directories, text, JSONL and Parquet.
+"""Corpus readers: stream documents (str) from directories, text, JSONL and Parquet,
+on local disk or behind a URL (``s3://``, ``gs://``, ``file://``: any filesystem
+pyarrow reads, and through fsspec, when installed, the ones it reads).
 
 Memory stays bounded: one file (or one Parquet record batch) at a time.
 Order is deterministic: sources in the given order, directory entries sorted.
+``plan_files`` lists the files first (so a missing source fails before any
+work); ``file_documents`` reads one of them, which lets a distributed build
+hand files to workers in the same order.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,73 +44,151 @@ class SourceOptions:
     parquet_batch_rows: int = 1024
 
 
+@dataclass(frozen=True)
+class SourceFile:
+    """One file to read: a local path or a URL.
+
+    Attributes:
+        location: the path or URL.
+        from_directory: found by walking a directory (binary files there are skipped).
+        size: bytes, for balancing shards.
+    """
+
+    location: str
+    from_directory: bool
+    size: int = 0
+
+
 def iter_documents(sources: list[str], options: SourceOptions) -> Iterator[str]:
-    """Yield the documents of every source in order. Missing sources raise InvalidInputError."""
+    """Yield the documents of every source in order. Missing sources raise InvalidInputError
+    before any file is read."""
+    for file in plan_files(sources, options):
+        yield from file_documents(file, options)
+
+
+def is_url(source: str) -> bool:
+    """Whether ``source`` names a filesystem by scheme (``s3://``, ``gs://``, ``file://``, ...)."""
+    return "://" in source
+
+
+def plan_files(sources: list[str], options: SourceOptions) -> list[SourceFile]:
+    """Every file of ``sources`` in reading order. Raises InvalidInputError for a missing source."""
+    files: list[SourceFile] = []
     for source in sources:
+        if is_url(source):
+            files.extend(_plan_url(source, options))
+            continue
         path = Path(source)
         if path.is_dir():
-            for file in _walk(path, options.globs, options.excludes):
-                yield from _file_documents(file, options, from_directory=True)
+            files.extend(SourceFile(str(f), True, f.stat().st_size) for f in _walk(path, options))
         elif path.is_file():
-            yield from _file_documents(path, options, from_directory=False)
+            files.append(SourceFile(str(path), False, path.stat().st_size))
         else:
             raise InvalidInputError(f"source not found: {source}")
+    return files
 
 
-def _walk(root: Path, globs: tuple[str, ...], excludes: tuple[str, ...] = ()) -> Iterator[Path]:
-    """Files under ``root`` whose name matches one of ``globs`` and no part of whose
-    path below ``root`` matches one of ``excludes``, sorted by path."""
+def _selected(parts: tuple[str, ...], options: SourceOptions) -> bool:
+    """Whether a file at relative path ``parts`` (below a directory source) is read."""
+    if any(fnmatch.fnmatch(part, pattern) for part in parts for pattern in options.excludes):
+        return False
+    return any(fnmatch.fnmatch(parts[-1], pattern) for pattern in options.globs)
+
+
+def _walk(root: Path, options: SourceOptions) -> Iterator[Path]:
+    """Selected files under ``root``, sorted by path."""
     for file in sorted(p for p in root.rglob("*") if p.is_file()):
-        parts = file.relative_to(root).parts
-        if any(fnmatch.fnmatch(part, pattern) for part in parts for pattern in excludes):
-            continue
-        if any(fnmatch.fnmatch(file.name, pattern) for pattern in globs):
+        if _selected(file.relative_to(root).parts, options):
             yield file
 
 
-def _file_documents(path: Path, options: SourceOptions, *, from_directory: bool) -> Iterator[str]:
+def _filesystem(url: str):
+    """(pyarrow filesystem, path inside it) of a URL; fsspec serves schemes pyarrow lacks."""
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    try:
+        return pafs.FileSystem.from_uri(url)
+    except (pa.ArrowException, ValueError) as arrow_error:
+        try:
+            import fsspec
+        except ImportError:
+            raise InvalidInputError(f"no filesystem for {url} ({arrow_error})") from None
+        fs, path = fsspec.core.url_to_fs(url)
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+
+
+def _plan_url(url: str, options: SourceOptions) -> list[SourceFile]:
+    """The files under a URL: a directory walked like a local one, or a single file."""
+    import pyarrow.fs as pafs
+
+    fs, root = _filesystem(url)
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.File:
+        return [SourceFile(url, False, int(info.size or 0))]
+    if info.type != pafs.FileType.Directory:
+        raise InvalidInputError(f"source not found: {url}")
+    base, root = url.rstrip("/"), root.rstrip("/")
+    found = []
+    for entry in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        parts = tuple(p for p in entry.path[len(root) :].split("/") if p)
+        if entry.type == pafs.FileType.File and _selected(parts, options):
+            found.append(SourceFile("/".join((base, *parts)), True, int(entry.size or 0)))
+    return sorted(found, key=lambda f: f.location)
+
+
+def _open(location: str):
+    """A binary file object for a local path or a URL."""
+    if not is_url(location):
+        return open(location, "rb")
+    fs, path = _filesystem(location)
+    return fs.open_input_file(path)
+
+
+def file_documents(file: SourceFile, options: SourceOptions) -> Iterator[str]:
     """Documents of one file, chosen by extension: .jsonl, .parquet, else the whole file."""
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        yield from _jsonl_documents(path, options.field)
-    elif suffix == ".parquet":
-        yield from _parquet_documents(path, options.column, options.parquet_batch_rows)
-    else:
-        text = _read_text(path, skip_binary=from_directory)
-        if text:
-            yield text
+    name = file.location.rsplit("/", 1)[-1]
+    suffix = Path(name).suffix.lower()
+    with _open(file.location) as handle:
+        if suffix == ".jsonl":
+            yield from _jsonl_documents(handle, file.location, options.field)
+        elif suffix == ".parquet":
+            yield from _parquet_documents(handle, file.location, options.column, options.parquet_batch_rows)
+        else:
+            text = _read_text(handle.read(), skip_binary=file.from_directory)
+            if text:
+                yield text
 
 
-def _read_text(path: Path, *, skip_binary: bool) -> str | None:
+def _read_text(data: bytes, *, skip_binary: bool) -> str | None:
     """File contents as text (undecodable bytes replaced); binary files in directories are skipped."""
-    data = path.read_bytes()
     if skip_binary and b"\x00" in data[:BINARY_SNIFF_BYTES]:
         return None
     return data.decode("utf-8", errors="replace")
 
 
-def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
+def _jsonl_documents(binary, path: str, field: str) -> Iterator[str]:
     """One document per JSON line (its ``field`` string); blank lines are skipped."""
-    with path.open("r", encoding="utf-8", errors="replace") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InvalidInputError(f"{path}:{line_no}: invalid JSON ({exc.msg})") from exc
-            if not isinstance(record, dict) or not isinstance(record.get(field), str):
-                raise InvalidInputError(f"{path}:{line_no}: no string field {field!r}")
-            if record[field]:
-                yield record[field]
+    handle = io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
+    for line_no, line in enumerate(handle, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidInputError(f"{path}:{line_no}: invalid JSON ({exc.msg})") from exc
+        if not isinstance(record, dict) or not isinstance(record.get(field), str):
+            raise InvalidInputError(f"{path}:{line_no}: no string field {field!r}")
+        if record[field]:
+            yield record[field]
 
 
-def _parquet_documents(path: Path, column: str, batch_rows: int) -> Iterator[str]:
+def _parquet_documents(handle, path: str, column: str, batch_rows: int) -> Iterator[str]:
     """One document per non-null row of ``column``, read in record batches."""
     import pyarrow.parquet as pq
 
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = pq.ParquetFile(handle)
     except Exception as exc:  # pyarrow raises ArrowInvalid/OSError variants
         raise InvalidInputError(f"{path}: not a readable Parquet file ({exc})") from exc
     if column not in parquet.schema_arrow.names:

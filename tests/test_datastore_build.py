@@ -41,7 +41,8 @@ def test_build_writes_manifest_with_version_fingerprint_stats_and_checksums(tmp_
     assert on_disk["tokenizer"] == {"fingerprint": tokenizer_fingerprint(tokenizer), "vocab_size": len(tokenizer)}
     assert on_disk["stats"]["documents"] == 5 and on_disk["stats"]["tokens"] > 10000
     assert on_disk["params"] == IndexParams().to_dict()
-    assert on_disk["storage"] == {"dtype": "uint16", "separator_id": 65535, "trie_key_width": 2}  # 400 ids < 64**2
+    assert on_disk["storage"] == {"dtype": "uint16", "separator_id": 65535, "trie_key_width": 2,  # 400 ids < 64**2
+                                  "count_dtype": "uint16"}  # every total < 65536
     for name in DATA_FILES:
         assert on_disk["files"][name]["sha256"] == file_sha256(tmp_path / "ds" / name)
     assert manifest["files"] == on_disk["files"]
@@ -134,3 +135,16 @@ def test_real_smollm2_tokenizer_builds_and_drafts(tmp_path, corpus):
     drafts = suffix.propose(context, 6)
     assert drafts and tokenizer.decode(drafts[0].tokens.tolist()).startswith("=None")
     assert ngram.propose(context, 6)
+
+
+def test_file_urls_read_like_local_paths(tmp_path, corpus, tokenizer):
+    local = build([str(corpus)], tmp_path / "local", tokenizer, options=PY, progress=False)
+    remote = build([corpus.resolve().as_uri()], tmp_path / "url", tokenizer, options=PY, progress=False)
+    assert remote["files"] == local["files"]
+    with pytest.raises(InvalidInputError, match="source not found"):
+        build([(tmp_path / "nope").as_uri()], tmp_path / "ds", tokenizer, progress=False)
+
+
+def test_ray_options_without_the_ray_engine_are_refused(tmp_path, corpus):
+    with pytest.raises(InvalidInputError, match="need --engine ray"):
+        cli(["build", str(corpus), "--out", str(tmp_path / "ds"), "--workers", "2", "--quiet"])

@@ -32,7 +32,7 @@ def test_suffix_array_is_sorted_permutation_up_to_depth(dtype):
     rng = np.random.default_rng(1)
     for _ in range(30):
         ids, sep = _random_stream(rng, int(rng.integers(1, 400)), 5, dtype)
-        sa = sort_suffixes(ids, 8)
+        sa = sort_suffixes(ids, 8, int(ids[-1]))
         assert sorted(sa.tolist()) == list(range(ids.size))
         keys = [_until_sep(ids[p : p + 8], sep) for p in sa]
         assert keys == sorted(keys)
@@ -43,8 +43,8 @@ def test_suffix_sort_is_deterministic_and_dtype_independent():
     ids16, _ = _random_stream(rng, 3000, 3, np.uint16)
     ids32 = ids16.astype(np.uint32)
     ids32[ids16 == separator_id(np.uint16)] = separator_id(np.uint32)
-    assert np.array_equal(sort_suffixes(ids16, 16), sort_suffixes(ids16, 16))
-    assert np.array_equal(sort_suffixes(ids16, 16), sort_suffixes(ids32, 16))
+    assert np.array_equal(sort_suffixes(ids16, 16, int(ids16[-1])), sort_suffixes(ids16, 16, int(ids16[-1])))
+    assert np.array_equal(sort_suffixes(ids16, 16, int(ids16[-1])), sort_suffixes(ids32, 16, int(ids32[-1])))
 
 
 def _reference_counts(ids, sep, n):
@@ -60,7 +60,7 @@ def _reference_counts(ids, sep, n):
 def test_ngram_counts_match_a_python_counter_and_never_cross_separators(dtype):
     rng = np.random.default_rng(3)
     ids, sep = _random_stream(rng, 5000, 6, dtype)
-    sa = sort_suffixes(ids, 8)
+    sa = sort_suffixes(ids, 8, int(ids[-1]))
     vlen = valid_lengths(ids, sep, 5)
     lcp = capped_lcp(ids, sa, vlen, 5)
     for n in (1, 2, 3, 4):
@@ -77,7 +77,7 @@ def test_ngram_counts_match_a_python_counter_and_never_cross_separators(dtype):
 
 def test_min_count_drops_rare_contexts():
     ids = np.array([1, 2, 3, 1, 2, 4, 5, 6, 65535], np.uint16)
-    sa = sort_suffixes(ids, 8)
+    sa = sort_suffixes(ids, 8, int(ids[-1]))
     vlen = valid_lengths(ids, 65535, 3)
     lcp = capped_lcp(ids, sa, vlen, 3)
     ctx, _, _, tot = count_ngrams(ids, sa, lcp, vlen, 2, 4, 2)
@@ -87,7 +87,7 @@ def test_min_count_drops_rare_contexts():
 def test_trie_ranges_cover_every_occurrence_in_sorted_key_order():
     rng = np.random.default_rng(4)
     ids, sep = _random_stream(rng, 2000, 4, np.uint16)
-    sa = sort_suffixes(ids, 8)
+    sa = sort_suffixes(ids, 8, int(ids[-1]))
     vlen = valid_lengths(ids, sep, 3)
     lcp = capped_lcp(ids, sa, vlen, 3)
     lo, hi, dep = trie_ranges(sa, lcp, vlen, 3, 1)

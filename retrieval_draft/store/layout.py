@@ -13,20 +13,29 @@ A datastore is one directory::
     suffix.trie          datrie ``BaseTrie``: encoded n-gram -> row of
                          suffix_ranges (see ``retrieval_draft.store.suffix_trie``)
     ngram.arrow          the Markov table: per context (orders 1..max_order)
-                         the top-K next tokens with counts
+                         the top-K next tokens with counts; counts and totals
+                         uint16 (v2 builds; a row seen more often is scaled to
+                         a total of 65,535) or uint32 (``storage.count_dtype``)
 
 Token ids are stored as uint16 when ``vocab_size <= 65535`` and as uint32
 otherwise. The document separator is the largest value of that dtype
 (0xFFFF or 0xFFFFFFFF): it can never be a real id (ids are < vocab_size
 <= the dtype's maximum), and it sorts after every real id.
+
+Versions: 2 (written now) orders the suffix array by the tokens of a
+position up to its first separator, then by position (so shards sort apart
+and merge), drops n-gram rows equal to their parent context's row (they
+never change a draft) and stores counts as uint16. Version 1
+stores read the same way (a v1 suffix array also satisfies every query, and
+its counts are uint32).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
 
 MANIFEST = "manifest.json"
 TOKENS = "tokens.arrow"
@@ -36,6 +45,7 @@ TRIE = "suffix.trie"
 NGRAM = "ngram.arrow"
 DATA_FILES = (TOKENS, SUFFIX_ARRAY, SUFFIX_RANGES, TRIE, NGRAM)
 
+MAX_STORED_TOTAL = 0xFFFF  # v2 builds scale the few bigger n-gram rows down to this total
 UINT16_MAX_VOCAB = 0xFFFF  # ids 0..65534 plus separator 0xFFFF
 UINT32_MAX_VOCAB = 0xFFFFFFFF
 MAX_STREAM_TOKENS = 2**31 - 2  # positions are int32 in the kernels, uint32 on disk
@@ -55,3 +65,10 @@ def token_dtype(vocab_size: int) -> np.dtype:
 def separator_id(dtype: np.dtype) -> int:
     """The document separator: the largest value of the storage dtype."""
     return int(np.iinfo(np.dtype(dtype)).max)
+
+
+def count_dtype(max_total: int) -> np.dtype:
+    """Storage dtype of n-gram counts and totals: uint16 when ``max_total`` fits, else uint32."""
+    if max_total < 0 or max_total > 0xFFFFFFFF:
+        raise ValueError(f"n-gram total {max_total} does not fit in 32 bits")
+    return np.dtype(np.uint16 if max_total <= 0xFFFF else np.uint32)

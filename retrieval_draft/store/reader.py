@@ -29,8 +29,8 @@ class NgramTable:
     Attributes:
         offsets: (max_order + 2,) int64; rows of order n are offsets[n]:offsets[n+1].
         context: (R, max_order) ids, zero-padded past the row's order.
-        next: (R, top_k) ids; count: (R, top_k) uint32 (0 = empty slot);
-        total: (R,) uint32 continuations of the context.
+        next: (R, top_k) ids; count: (R, top_k) uint16/uint32 (0 = empty slot);
+        total: (R,) uint16/uint32 continuations of the context.
     """
 
     offsets: np.ndarray
@@ -88,6 +88,8 @@ def _check_storage(manifest: dict) -> np.dtype:
         raise CorruptDatastoreError("manifest storage dtype/separator do not match its vocabulary size")
     if storage.get("trie_key_width") != key_width(vocab_size):
         raise CorruptDatastoreError("manifest trie key width does not match its vocabulary size")
+    if storage.get("count_dtype", "uint32") not in ("uint16", "uint32"):
+        raise CorruptDatastoreError(f"manifest count dtype {storage.get('count_dtype')!r} is not uint16 or uint32")
     return dtype
 
 
@@ -115,9 +117,10 @@ def _check_values(manifest: dict, tokens, sa, ranges, ngrams: NgramTable) -> Non
 def _ngram_table(directory: Path, dtype: np.dtype, manifest: dict, full: bool = True) -> NgramTable:
     max_order, top_k = int(manifest["params"]["max_order"]), int(manifest["params"]["top_k"])
     ids = pa.from_numpy_dtype(dtype)
+    counts = pa.from_numpy_dtype(np.dtype(manifest["storage"].get("count_dtype", "uint32")))
     cols = read_table(directory / NGRAM, {
         "order": pa.uint8(), "context": pa.list_(ids, max_order), "next": pa.list_(ids, top_k),
-        "count": pa.list_(pa.uint32(), top_k), "total": pa.uint32()}, full=full)
+        "count": pa.list_(counts, top_k), "total": counts}, full=full)
     order = cols["order"]
     if order.size and (order[0] < 1 or order[-1] > max_order):
         raise CorruptDatastoreError(f"{NGRAM}: orders are not within 1..{max_order}")

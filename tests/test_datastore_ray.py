@@ -1,0 +1,121 @@
+"""The Ray build (``--engine ray``) on a local Ray runtime: same store as the single-process build,
+the same after a worker dies, and the old store untouched when it fails."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from retrieval_draft.errors import InvalidInputError  # noqa: E402
+from retrieval_draft.store.layout import DATA_FILES, MANIFEST  # noqa: E402
+from retrieval_draft.store.reader import open_datastore  # noqa: E402
+from retrieval_draft_datastore.builder import build  # noqa: E402
+from retrieval_draft_datastore.index import IndexParams  # noqa: E402
+from retrieval_draft_datastore.ray_build import build_ray  # noqa: E402
+from retrieval_draft_datastore.ray_tokenise import ShardTokeniser  # noqa: E402
+from retrieval_draft_datastore.sources import SourceOptions  # noqa: E402
+from tests.datastore_fixtures import bpe_tokenizer, stdlib_corpus  # noqa: E402
+
+PY = SourceOptions(globs=("*.py",))
+TIMINGS = ("tokenize_seconds", "index_seconds", "engine")
+
+
+def dies_once(marker: Path) -> type:
+    """A tokeniser class whose worker kills its own process the first time it sees ``marker``
+    (deleting it first, so the retry goes through)."""
+
+    class DiesOnceTokeniser(ShardTokeniser):
+        def __call__(self, batch: dict) -> dict:
+            if os.path.exists(marker):
+                os.unlink(marker)
+                os._exit(1)
+            return super().__call__(batch)
+
+    return DiesOnceTokeniser
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import tests/
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return stdlib_corpus(tmp_path_factory.mktemp("corpus") / "py")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(corpus):
+    return bpe_tokenizer([p.read_text() for p in sorted(corpus.glob("*.py"))])
+
+
+@pytest.fixture(scope="module")
+def local_store(tmp_path_factory, corpus, tokenizer) -> dict:
+    out = tmp_path_factory.mktemp("local") / "ds"
+    return build([str(corpus)], out, tokenizer, options=PY, progress=False)
+
+
+def _same_store(a: dict, b: dict) -> None:
+    assert a["files"] == b["files"]  # sha256 and size of every data file
+    strip = lambda stats: {k: v for k, v in stats.items() if k not in TIMINGS}  # noqa: E731
+    assert strip(a["stats"]) == strip(b["stats"])
+    assert {k: a[k] for k in ("storage", "params", "tokenizer", "format_version")} == \
+           {k: b[k] for k in ("storage", "params", "tokenizer", "format_version")}
+
+
+def test_ray_build_equals_the_single_process_build(runtime, tmp_path, corpus, tokenizer, local_store):
+    manifest = build_ray([str(corpus)], tmp_path / "ds", tokenizer, options=PY, workers=2, ranges=3, progress=False)
+    _same_store(manifest, local_store)
+    assert manifest["stats"]["engine"] == "ray (2 workers)" and sorted(os.listdir(tmp_path)) == ["ds"]
+    assert open_datastore(tmp_path / "ds").tokens.size == manifest["stats"]["tokens"]
+
+
+def test_a_killed_worker_is_retried_and_the_store_is_the_same(runtime, tmp_path, corpus, tokenizer):
+    params = IndexParams(max_order=3, top_k=2, sort_depth=8, trie_depth=3, trie_min_count=2)
+    local = build([str(corpus)], tmp_path / "local", tokenizer, options=PY, params=params, progress=False)
+    marker = tmp_path / "die-once"
+    marker.write_text("")
+    url = corpus.resolve().as_uri()  # file:///...: sources are read through pyarrow's filesystems
+    remote = build_ray([url], tmp_path / "ray", tokenizer, options=PY, params=params, workers=2, ranges=5,
+                       progress=False, tokeniser=dies_once(marker))
+    assert not marker.exists()  # a worker did die
+    _same_store(remote, local)
+
+
+def test_a_failed_ray_build_leaves_the_old_store_and_raises_one_line(runtime, tmp_path, corpus, tokenizer):
+    build([str(corpus)], tmp_path / "ds", tokenizer, options=PY, progress=False)
+    before = (tmp_path / "ds" / MANIFEST).read_bytes()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\nnot json\n')
+    with pytest.raises(InvalidInputError, match="invalid JSON") as error:
+        build_ray([str(corpus), str(bad)], tmp_path / "ds", tokenizer, options=PY, workers=2, progress=False)
+    assert "\n" not in str(error.value)
+    assert (tmp_path / "ds" / MANIFEST).read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["bad.jsonl", "ds"]
+    assert all((tmp_path / "ds" / name).exists() for name in DATA_FILES)
+
+
+def test_shards_merge_to_the_single_sort_for_any_cut(runtime):
+    from retrieval_draft_datastore.kernels_sort import sort_suffixes
+    from retrieval_draft_datastore.ray_index import index_range, range_cuts, sort_shard
+
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(0, 6, 4000).astype(np.uint16)
+    tokens[rng.random(tokens.size) < 0.03] = 65535
+    tokens[[999, 2499, -1]] = 65535  # shard ends
+    cuts = range_cuts(tokens, 6, 65535, 4)
+    pieces = [sort_shard(tokens, a, b, 16, 65535, cuts) for a, b in ((0, 1000), (1000, 2500), (2500, 4000))]
+    vlen = np.zeros(tokens.size, np.uint8)
+    merged = [index_range(tokens, vlen, 16, 65535, IndexParams(), *(p[r] for p in pieces))[0] for r in range(len(cuts))]
+    assert np.array_equal(np.concatenate(merged), sort_suffixes(tokens, 16, 65535))
