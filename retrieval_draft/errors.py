@@ -43,3 +43,7 @@ class EmptyCorpusError(DatastoreError):
 
 class CorruptHistoryError(RetrievalDraftError):
     """A saved output-history file is unreadable, truncated or malformed."""
+
+
+class CorruptRecyclingTableError(RetrievalDraftError):
+    """A saved logits-recycling table is unreadable, truncated, malformed or for another vocabulary."""

@@ -22,8 +22,9 @@ from retrieval_draft.config import DEFAULTS, DraftConfig
 from retrieval_draft.decode.engine import DecodeOptions, DecodeStats, speculative_decode
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
+from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
-from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.hf_batch import BatchCall, generate_batch, is_batch
 from retrieval_draft.hf_options import build_output, check_options, score_recorder
 from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
@@ -92,8 +93,13 @@ def generate(
         draft_stats: a ``DecodeStats`` to fill in with this call's statistics.
         draft_seed: seed for sampling; the same seed gives the same output.
 
+    A batch (several rows, or a padded attention mask; left padding) goes to
+    ``hf_batch``: every row drafts and accepts on its own, all rows' trees share
+    each forward, and the result equals HF's batched output (rows that stop early
+    padded with ``pad_token_id``). There ``drafters`` may also be one list per row.
+
     Returns:
-        shape (1, L + m), the prompt followed by the new tokens; with
+        shape (1, L + m) (a batch: (B, L + m)), the prompt followed by the new tokens; with
         ``return_dict_in_generate`` HF's ``GenerateDecoderOnlyOutput`` holding it as
         ``sequences``, plus ``scores`` / ``logits`` (m tensors of shape (1, V)) when
         ``output_scores`` / ``output_logits`` ask for them.
@@ -101,8 +107,20 @@ def generate(
     check_options(generation_config, assistant_model)
     config = DraftConfig(tree_budget, max_draft_len, adaptive_tree, draft_learning)
     attention_mask = model_kwargs.get("attention_mask")
-    if attention_mask is not None and not bool(attention_mask.all()):
-        raise InvalidInputError("padded inputs are not supported; pass one unpadded sequence")
+    memory = draft_memory if draft_memory is not None else PROCESS_MEMORY
+    if is_batch(input_ids, attention_mask):  # several rows or padding: hf_batch, the same options
+        call = BatchCall(
+            config=config,
+            memory=memory,
+            make_drafters=lambda: default_drafters(datastore, model, draft_tokenizer or tokenizer, memory, config.draft_learning),
+            make_planner=lambda: draft_planner or make_planner(model, config, bool(generation_config.do_sample), memory),
+            drafters=drafters,
+            generator=_sampling_generator(draft_seed) if generation_config.do_sample else None,
+            should_stop=_extra_stop_check(stopping_criteria),
+            streaming=draft_streamer is not None,
+            saves_learned=config.draft_learning and draft_planner is None,
+        )
+        return generate_batch(model, input_ids, attention_mask, generation_config, logits_processor, call, draft_stats)
     max_new_tokens = int(generation_config.max_length) - input_ids.shape[1]
     validate_prompt(input_ids, max_new_tokens, model.config.vocab_size, context_limit(model))
     options = DecodeOptions(
@@ -111,7 +129,6 @@ def generate(
         max_draft_len=config.max_draft_len,
         do_sample=bool(generation_config.do_sample),
     )
-    memory = draft_memory if draft_memory is not None else PROCESS_MEMORY
     if drafters is not None:
         chosen = list(drafters)
     else:
@@ -176,13 +193,18 @@ def default_drafters(
     learning: bool = DEFAULTS.draft_learning,
 ) -> list[Drafter]:
     """The registry's default menu: prompt lookup, the datastore's drafters when a datastore
-    (path or opened store) is given, and with ``learning`` the model's output history."""
+    (path or opened store) is given, logits recycling (with ``learning`` the model's table
+    kept across calls, else a table this call fills) and with ``learning`` the model's
+    output history."""
     from retrieval_draft.drafters.datastore import open_checked_store
 
     store = None
     if datastore is not None:
         store = open_checked_store(datastore, vocab_size=model.config.vocab_size, tokenizer=tokenizer, memory=memory)
-    sources = DraftSources(store=store, history=memory.model(model).history if learning else None)
+    if learning:
+        sources = DraftSources(store=store, history=memory.model(model).history, recycled=memory.recycled(model))
+    else:
+        sources = DraftSources(store=store, recycled=RecyclingDrafter(int(model.config.vocab_size)))
     return make_drafters(default_names(sources), sources)
 
 

@@ -2,8 +2,8 @@
 
 ``PluginMemory`` holds, per live model (weakly keyed, so it goes with the
 model), a ``ModelMemory``: the forward-cost curve, the acceptance rates its
-planners observed (greedy and sampling apart) and the output history that
-the default drafters copy from; and, for the process, the opened datastores
+planners observed (greedy and sampling apart), the output history that
+the default drafters copy from and the logits-recycling table; and, for the process, the opened datastores
 (``StoreCache``) and tokenizer fingerprints. ``PROCESS_MEMORY`` is the
 instance the plugin uses unless a call passes ``draft_memory=``; users may
 hold it, ``reset()`` it, or pass ``draft_learning=False`` to bypass the
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from retrieval_draft.drafters.history import HistoryDrafter
+from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.planning.calibration import AcceptanceCalibrator
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
 from retrieval_draft.store.store_cache import StoreCache
@@ -35,6 +36,8 @@ class ModelMemory:
         rates: sampling flag -> drafter name -> calibrator (shared, updated in place);
             read from the disk cache when the memory is created (``rates_file``).
         history: earlier prompts and outputs (bounded, 4 MB at most by default).
+        recycled: the model's recorded top-k successors per token (``PluginMemory.recycled``),
+            None until first needed.
         lock: held by the plugin for a whole generation, so calls with one model
             from several threads run one after another (a tree forward switches
             the model's attention function and linear layers while it runs).
@@ -44,6 +47,7 @@ class ModelMemory:
     observed: ObservedCost = field(default_factory=ObservedCost)
     rates: dict[bool, dict[str, AcceptanceCalibrator]] = field(default_factory=lambda: {False: {}, True: {}})
     history: HistoryDrafter = field(default_factory=HistoryDrafter)
+    recycled: RecyclingDrafter | None = None
     rates_saved_at: float = 0.0  # time.monotonic() of the last save to disk
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -75,7 +79,8 @@ class PluginMemory:
 
     def save_learned(self, model: torch.nn.Module, force: bool = False) -> None:
         """When ``persist`` and the last save is old enough: write ``model``'s learned rates
-        to disk, and its cost curve too where observed forward times drifted from it."""
+        to disk, and its cost curve too where observed forward times proved it too slow
+        (``ObservedCost.faster``; a busy spell never overwrites a good curve)."""
         from retrieval_draft.planning.cost_file import store_cost
         from retrieval_draft.planning.rates_file import SAVE_INTERVAL_S, rates_path, write_rates
 
@@ -85,10 +90,18 @@ class PluginMemory:
             return
         memory.rates_saved_at = now
         write_rates(rates_path(model), memory.rates)
-        if memory.cost is not None and memory.observed.drifted():
+        if memory.cost is not None and memory.observed.faster():
             memory.cost = memory.observed.apply(memory.cost)
             memory.observed = ObservedCost()
             store_cost(model, memory.cost)
+
+    def recycled(self, model: torch.nn.Module) -> RecyclingDrafter:
+        """The model's logits-recycling drafter (started empty on first use). Like the output
+        history it lives in this process; ``RecyclingDrafter.save``/``load`` keep it on disk."""
+        memory = self.model(model)
+        if memory.recycled is None:
+            memory.recycled = RecyclingDrafter(int(model.config.vocab_size))
+        return memory.recycled
 
     def knows(self, model: torch.nn.Module) -> bool:
         """Whether anything is remembered for ``model``."""

@@ -80,7 +80,8 @@ class Session:
         names = [n.strip() for n in spec.split(",") if n.strip()]
         if names == ["all"]:
             names = ["prompt", *(STORE_DRAFTERS if self.store is not None else ())]
-        return make_drafters(names, DraftSources(store=self.store, history=self.history))
+        sources = DraftSources(store=self.store, history=self.history, recycled=self.memory.recycled(self.model))
+        return make_drafters(names, sources)
 
     def generate_ids(self, input_ids: torch.Tensor, request: GenerationRequest, streamer=None):
         """Our generation: returns (sequence of shape (1, L + m), DecodeStats, wall seconds)."""

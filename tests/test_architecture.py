@@ -12,7 +12,7 @@ BUILDER = REPO / "datastore"
 # The one documented process-wide object and the one drafter menu (read-only mapping).
 ALLOWED_STATE = {("memory.py", "PROCESS_MEMORY"), ("drafters/registry.py", "DRAFTERS")}
 MUTABLE_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "WeakKeyDictionary", "WeakValueDictionary",
-                 "PluginMemory", "StoreCache", "HistoryDrafter", "CostCache", "deque"}
+                 "PluginMemory", "StoreCache", "HistoryDrafter", "RecyclingDrafter", "CostCache", "deque"}
 
 
 def _imports(path: Path) -> set[str]:

@@ -22,9 +22,12 @@ def test_empty_prompt_is_rejected(tiny_llama):
         plugin(tiny_llama, torch.zeros((1, 0), dtype=torch.long), max_new_tokens=4)
 
 
-def test_batch_of_two_is_rejected(tiny_llama):
-    with pytest.raises(InvalidInputError, match="batch size 2"):
-        plugin(tiny_llama, torch.cat([random_prompt(1), random_prompt(2)]), max_new_tokens=4)
+def test_a_batch_row_of_padding_only_is_rejected(tiny_llama):
+    ids = torch.cat([random_prompt(1), random_prompt(2)])
+    mask = torch.ones_like(ids)
+    mask[1] = 0
+    with pytest.raises(InvalidInputError, match="row of the batch is empty"):
+        plugin(tiny_llama, ids, attention_mask=mask, max_new_tokens=4)
 
 
 def test_zero_new_tokens_is_rejected(tiny_llama):

@@ -70,3 +70,26 @@ def test_tree_steps_match_a_fresh_forward_over_the_kept_sequence():
     with torch.no_grad():
         want = model(full).logits[0, -1]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_move_copies_positions_within_each_batch_row_and_every_head():
+    layer = GrowingLayer()
+    keys = torch.randn(3, 2, 10, 4)
+    layer.update(keys, keys + 1)
+    before = layer.keys.clone()
+    layer.move(torch.tensor([0, 2, 2]), torch.tensor([9, 7, 8]), torch.tensor([5, 3, 4]))
+    expected = before.clone()
+    expected[0, :, 5], expected[2, :, 3], expected[2, :, 4] = before[0, :, 9], before[2, :, 7], before[2, :, 8]
+    assert torch.equal(layer.keys, expected)
+    assert torch.equal(layer.values, expected + 1)
+
+
+def test_a_retired_row_is_replaced_by_the_last_row():
+    layer = GrowingLayer()
+    keys = torch.randn(4, 2, 6, 4)
+    layer.update(keys, keys.clone())
+    layer.retire_row(1, live=6)
+    assert layer.keys.shape == (3, 2, 6, 4)
+    assert torch.equal(layer.keys, keys[[0, 3, 2]])
+    layer.update(torch.zeros(3, 2, 1, 4), torch.zeros(3, 2, 1, 4))  # the batch goes on with three rows
+    assert layer.keys.shape == (3, 2, 7, 4)

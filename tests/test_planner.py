@@ -193,3 +193,26 @@ def test_observed_forward_times_reshape_a_curve_measured_on_a_busy_machine():
     probs = np.full(32, 0.05)  # 1.6 expected extra tokens from 32 nodes
     assert busy.best_size(probs) == 32  # the busy curve says: verify everything
     assert fixed.best_size(probs) == 0  # the observed curve says: plain decoding
+    assert observed.faster()  # worth keeping on disk: the idle machine is faster than that curve
+
+
+def test_a_busy_spell_is_corrected_in_memory_but_never_kept_on_disk(tmp_path, monkeypatch):
+    from retrieval_draft.cache_dir import CACHE_ENV
+    from retrieval_draft.memory import PluginMemory
+    from retrieval_draft.planning.cost import ObservedCost
+    from retrieval_draft.planning.cost_file import cost_key, cost_path
+    from tests.conftest import make_tiny_llama
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    model = make_tiny_llama()
+    memory = PluginMemory(persist=True)
+    idle = VerifyCost.from_points([1, 2, 64], [0.030, 0.040, 0.120])
+    memory.model(model).cost = idle
+    slow = ObservedCost(min_count=3)
+    for _ in range(5):
+        slow.observe(idle, 1, 0.300)  # ten times slower: other work shares the cores
+    memory.model(model).observed = slow
+    assert slow.drifted() and not slow.faster()
+    memory.save_learned(model, force=True)
+    assert not cost_path(cost_key(model)).exists()
+    assert slow.apply(idle).seconds[1] > idle.seconds[1]  # this process still plans with what it sees

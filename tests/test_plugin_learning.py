@@ -49,7 +49,8 @@ def test_a_repeated_request_is_drafted_from_the_first_ones_output():
     second, second_stats = plugin(model, prompt)
     expected = hf_greedy(model, prompt)
     assert torch.equal(first, expected) and torch.equal(second, expected)
-    assert first_stats.mean_accepted < 1.5
+    # the first call drafts from its own context and recycled logits; the second copies the first's output
+    assert second_stats.mean_accepted > first_stats.mean_accepted + 1.0
     assert second_stats.mean_accepted > 3.0
     assert history.size == 2 * (first.shape[1] + 1)
 

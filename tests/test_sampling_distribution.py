@@ -45,6 +45,7 @@ from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
 from retrieval_draft.decode.tree import DraftTree, build_tree
 from retrieval_draft.decode.verify import Verdict, node_scores, verify_sampling
 from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.target.tree_model import TreeModel
 
@@ -396,17 +397,28 @@ class KnowingDrafter(Drafter):
         return [Draft(np.array(tokens), np.full(len(tokens), prob)) for tokens, prob in drafts]
 
 
-def engine_draws(model, runs: int, conditionals) -> np.ndarray:
-    """``runs`` generations of ENGINE_HORIZON tokens each, shape (runs, ENGINE_HORIZON)."""
+def engine_draws(model, runs: int, conditionals, menu: str = "knowing", steps: list | None = None) -> np.ndarray:
+    """``runs`` generations of ENGINE_HORIZON tokens each, shape (runs, ENGINE_HORIZON).
+
+    ``menu``: "knowing", "recycling" (a logits-recycling drafter whose table is
+    kept across the runs, as the plugin keeps it across calls) or both joined by
+    "+". ``steps``, when given, collects each run's (tree steps, tokens from them).
+    """
     prompt = torch.tensor([ENGINE_PROMPT])
     generator = torch.Generator().manual_seed(5)
-    drafter = KnowingDrafter(conditionals, len(ENGINE_PROMPT), seed=6)
+    drafters = []
+    if "knowing" in menu:
+        drafters.append(KnowingDrafter(conditionals, len(ENGINE_PROMPT), seed=6))
+    if "recycling" in menu:
+        drafters.append(RecyclingDrafter(VOCAB, k=3, max_nodes=6))
     options = DecodeOptions(max_new_tokens=ENGINE_HORIZON, max_draft_len=2, do_sample=True)
     processor = engine_processor()
     out = np.empty((runs, ENGINE_HORIZON), dtype=np.int64)
     for i in range(runs):
         planner = TreePlanner(max_nodes=8)
-        out[i], _ = speculative_decode(TreeModel(model), prompt, [drafter], options, processor, generator, planner=planner)
+        out[i], stats = speculative_decode(TreeModel(model), prompt, drafters, options, processor, generator, planner=planner)
+        if steps is not None:
+            steps.append((stats.steps, stats.step_tokens))
     return out
 
 
@@ -415,11 +427,15 @@ def engine_conditionals(model):
     return exact_conditionals(model, ENGINE_PROMPT, ENGINE_HORIZON, engine_processor())
 
 
-def test_engine_sampling_matches_the_exact_distribution(model, engine_conditionals):
+@pytest.mark.parametrize("menu", ["knowing", "recycling"])
+def test_engine_sampling_matches_the_exact_distribution(model, engine_conditionals, menu):
     joint = exact_joint(engine_conditionals)
-    draws = engine_draws(model, ENGINE_RUNS, engine_conditionals)
+    steps: list[tuple[int, int]] = []
+    draws = engine_draws(model, ENGINE_RUNS, engine_conditionals, menu, steps)
     tv, bound = empirical_tv(encode(draws), joint), tv_bound(joint, ENGINE_RUNS)
-    print(f"engine: TV {tv:.4f} bound {bound:.4f}")
+    accepted = sum(tokens for _, tokens in steps) / sum(count for count, _ in steps)
+    print(f"engine ({menu}): TV {tv:.4f} bound {bound:.4f}, {accepted:.2f} tokens per tree step")
+    assert accepted > 1.2, "the drafts must be accepted often enough to exercise the tree paths"
     assert tv < bound
 
 

@@ -48,6 +48,22 @@ def test_grouped_sdpa_matches_hf_sdpa(groups, n):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("groups,n", [(3, 1), (2, 6)])
+def test_grouped_sdpa_matches_hf_sdpa_for_a_batch_with_one_mask_per_row(groups, n):
+    torch.manual_seed(groups + n)
+    rows, kv_heads, past, dim = 3, 2, 9, 8
+    query = torch.randn(rows, kv_heads * groups, n, dim)
+    key = torch.randn(rows, kv_heads, past + n, dim)
+    value = torch.randn(rows, kv_heads, past + n, dim)
+    mask = torch.cat([_tree_mask(n, past, seed=row) for row in range(rows)])  # (rows, 1, n, past + n)
+    mask[1, ..., :3] = torch.finfo(torch.float32).min  # row 1: three padded cache slots
+    layer = _Layer(groups)
+    got, _ = grouped_sdpa(layer, query, key, value, mask, scaling=dim**-0.5)
+    want, _ = sdpa_attention_forward(layer, query, key, value, mask, scaling=dim**-0.5)
+    assert got.shape == (rows, n, kv_heads * groups, dim)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_switch_is_scoped_to_the_block():
     model = make_tiny_llama(attn="sdpa")
     configs = sdpa_configs(model)

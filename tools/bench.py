@@ -57,7 +57,7 @@ from retrieval_draft.atomic import atomic_write_bytes
 from tools.bench_fresh import fresh_geomean, fresh_process_rows, readme_call
 from tools.bench_report import load_average, machine_info, markdown, per_prompt, plot, summarize
 from tools.bench_systems import SYSTEMS, ModelHandles, RunSetup, prefill_seconds, run_system, unavailable_reason
-from tools.bench_workloads import WORKLOADS, BenchPrompt, build_workloads
+from tools.bench_workloads import CODE_WORKLOADS, TEXT_WORKLOADS, WORKLOADS, BenchPrompt, build_workloads
 
 QUICK = {
     "prompts": 1, "max_new_tokens": 32, "repeats": 1, "fresh_process": False,
@@ -83,7 +83,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int)
     p.add_argument("--repeats", type=int)
     p.add_argument("--prompts", type=int, help="prompts per workload")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {','.join(WORKLOADS)}")
+    p.add_argument("--workloads", default="code",
+                   help=f"comma list of {','.join(WORKLOADS)}; 'code' = {','.join(CODE_WORKLOADS)} (default), "
+                        f"'text' = {','.join(TEXT_WORKLOADS)}, 'all' = both")
     p.add_argument("--systems", help=f"comma list of {','.join(SYSTEMS)}")
     p.add_argument("--fresh-process", action=argparse.BooleanOptionalAction, default=None,
                    help="also time one first call per workload in new processes (default: on, off with --quick)")
@@ -97,7 +99,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    groups = {"code": CODE_WORKLOADS, "text": TEXT_WORKLOADS, "all": WORKLOADS}
+    args.workloads = [w for part in args.workloads.split(",") if part.strip() for w in groups.get(part.strip(), (part.strip(),))]
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if not args.workloads or any(w not in WORKLOADS for w in args.workloads):
         p.error(f"--workloads takes a comma list of {', '.join(WORKLOADS)}")
@@ -116,6 +119,11 @@ def encode(session, prompt: BenchPrompt) -> torch.Tensor:
     """Prompt ids, shape (1, L), the same tensor for every system."""
     from retrieval_draft.session import GenerationRequest
 
+    if prompt.turns:
+        messages = [{"role": role, "content": content} for role, content in prompt.turns]
+        messages.append({"role": "user", "content": prompt.text})
+        ids = session.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        return torch.tensor([list(ids)], dtype=torch.long)
     return session.encode(GenerationRequest(prompt=prompt.text, chat=prompt.chat))
 
 

@@ -11,11 +11,12 @@ Three kinds:
       model.generate(**inputs, max_new_tokens=N, custom_generate=retrieval_draft.generate,
                      datastore="my-store", draft_tokenizer=tokenizer)
 
-  So the plugin chooses the drafters (prompt lookup + the model's output
-  history, + the store's drafters), opens the store from its path and
+  So the plugin chooses the drafters (prompt lookup, the model's output
+  history and logits-recycling table, + the store's drafters), opens the store from its path and
   measures or loads its cost curve itself, inside the timed calls.
 - ``diagnostic``: explicit ``drafters=[...]`` that no README line passes,
-  to explain the numbers (prompt lookup alone, a warm history, the oracle).
+  to explain the numbers (prompt lookup alone, the defaults without logits
+  recycling, a warm history, the oracle).
 
 Every system gets the same prompt ids, ``max_new_tokens`` and decoding mode
 (greedy, or sampling at one temperature after ``torch.manual_seed(seed)``);
@@ -111,6 +112,12 @@ def _prompt(setup: RunSetup) -> list[Drafter]:
     return make_drafters(["prompt"], DraftSources())
 
 
+def _no_recycling(setup: RunSetup) -> list[Drafter]:
+    """The defaults without a datastore, less logits recycling: prompt lookup + the handle's history."""
+    sources = DraftSources(history=retrieval_draft.output_history(setup.model))
+    return make_drafters(["prompt", "history"], sources)
+
+
 def _history(setup: RunSetup) -> list[Drafter]:
     history = HistoryDrafter.load(setup.history, vocab_size=setup.model.config.vocab_size)
     return make_drafters(["prompt", "history"], DraftSources(history=history))
@@ -130,6 +137,7 @@ SYSTEMS: dict[str, System] = {
         System("defaults", "ours: defaults (README call)", "readme"),
         System("datastore", "ours: datastore= (README call)", "readme", readme_datastore=True),
         System("prompt", "diagnostic: drafters=[prompt lookup]", "diagnostic", drafters=_prompt),
+        System("no_recycle", "diagnostic: defaults less logits recycling", "diagnostic", drafters=_no_recycling),
         System("history", "diagnostic: drafters=[prompt lookup, warm history]", "diagnostic",
                drafters=_history, needs_history=True),
         System("oracle", "diagnostic: oracle ceiling", "diagnostic", drafters=_oracle, needs_reference=True),

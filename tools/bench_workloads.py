@@ -5,6 +5,8 @@
 - ``grounded``: a real standard-library function or file in the prompt, with
   a request to reproduce, edit or annotate it (chat template).
 - ``chat``: open instructions with no supporting text (chat template).
+- general text (``bench_text_workloads``): ``translate``, ``summarize``, ``qa``,
+  ``math``, ``rag`` (a long passage, then a question) and ``multiturn``.
 
 Every workload yields its prompts in a fixed order, so ``n`` prompts are
 always the first ``n`` of the same list (quick mode runs a subset of full).
@@ -22,7 +24,10 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-WORKLOADS = ("code_raw", "code_chat", "grounded", "chat")
+from tools.bench_text_workloads import TEXT_WORKLOADS, text_prompts
+
+CODE_WORKLOADS = ("code_raw", "code_chat", "grounded", "chat")
+WORKLOADS = CODE_WORKLOADS + TEXT_WORKLOADS
 
 # (module, qualified name or "" for the whole module file, request)
 GROUNDED_SOURCES = (
@@ -54,12 +59,14 @@ HUMANEVAL_TASKS = 164
 
 @dataclass(frozen=True)
 class BenchPrompt:
-    """One prompt of one workload. ``chat``: wrap ``text`` in the model's chat template."""
+    """One prompt of one workload. ``chat``: wrap ``text`` in the model's chat template,
+    after ``turns``, the conversation's earlier (role, content) messages."""
 
     workload: str
     prompt_id: str
     text: str
     chat: bool
+    turns: tuple[tuple[str, str], ...] = ()
 
 
 def humaneval_path() -> Path:
@@ -136,4 +143,8 @@ def build_workloads(names: list[str], n: int, seed: int) -> dict[str, list[Bench
         "grounded": lambda: grounded_prompts(n),
         "chat": lambda: chat_prompts(n),
     }
+    for workload in TEXT_WORKLOADS:
+        makers[workload] = lambda workload=workload: [
+            BenchPrompt(workload, prompt_id, text, True, turns) for prompt_id, text, turns in text_prompts(workload, n)
+        ]
     return {name: makers[name]() for name in names}

@@ -120,11 +120,14 @@ def speculative_decode(
     for drafter in drafters:
         drafter.begin(context[:length].copy())
     planner.register(drafters)
+    observers = [d for d in drafters if d.observes_trees]
 
     start = time.perf_counter()
     root_logits = model.prefill(prompt)
     lone_root = build_tree(int(context[length - 1]), [], 0)
     verdict = _verify(lone_root, root_logits[None], context[:length], options, processor, generator)
+    for observer in observers:
+        observer.observe_tree(lone_root.tokens, root_logits[None])
     stats.prefill_s = time.perf_counter() - start
 
     emitted = length
@@ -141,6 +144,8 @@ def speculative_decode(
         logits = model.score_tree(tree)
         planner.observe_forward(tree.size, time.perf_counter() - tock)
         verdict = _verify(tree, logits, context[:emitted], options, processor, generator)
+        for observer in observers:
+            observer.observe_tree(tree.tokens, logits)
         model.keep(np.concatenate([[0], verdict.accepted]))
         new = np.append(tree.tokens[verdict.accepted], verdict.bonus)
         planner.observe(drafts, new, tock - tick, asked)

@@ -11,7 +11,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,8 @@ class Drafter(ABC):
     """A source of draft continuations. Subclasses implement ``propose``.
 
     Lifecycle for one generation: ``begin(prompt)``, then per step
-    ``propose(context, max_len)`` followed by ``accept(new_tokens)``, and
+    ``propose(context, max_len)``, ``observe_tree(tokens, logits)`` once the
+    tree is scored, then ``accept(new_tokens)``; and
     ``end(output)`` once generation stops.
     """
 
@@ -55,6 +61,8 @@ class Drafter(ABC):
     # this drafter's drafts: 1.0 for probabilities that are measured
     # acceptance rates, lower for heuristic scores (see AcceptanceCalibrator).
     prior_scale: float = 0.5
+    # Whether ``observe_tree`` wants each verified tree's logits (the engine calls only such drafters).
+    observes_trees: bool = False
 
     def begin(self, prompt: np.ndarray) -> None:
         """A new generation starts. ``prompt``: shape (n,), int64 ids."""
@@ -62,6 +70,11 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
         """Continuations of ``context`` (shape (n,), int64), each at most ``max_len`` tokens."""
+
+    def observe_tree(self, tokens: np.ndarray, logits: "torch.Tensor") -> None:
+        """The model's raw logits (shape (n, V)) at each node of the tree just verified,
+        whose tokens are ``tokens`` (shape (n,), int64). Called only on drafters whose
+        ``observes_trees`` is True."""
 
     def accept(self, new_tokens: np.ndarray) -> None:
         """Tokens just appended to the context (shape (k,), int64)."""

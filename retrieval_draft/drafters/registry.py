@@ -16,6 +16,7 @@ from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.ngram import NgramDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
+from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.drafters.suffix import SuffixDrafter
 from retrieval_draft.errors import InvalidInputError
 
@@ -25,10 +26,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class DraftSources:
-    """What drafters may read besides the context: an opened datastore and an output history."""
+    """What drafters may read besides the context: an opened datastore, an output history
+    and a logits-recycling table (the model's own recorded top-k successors)."""
 
     store: "Datastore | None" = None
     history: HistoryDrafter | None = None
+    recycled: RecyclingDrafter | None = None
 
 
 def _needs_store(make: Callable[["Datastore"], Drafter], name: str) -> Callable[[DraftSources], Drafter]:
@@ -46,22 +49,32 @@ def _history(sources: DraftSources) -> Drafter:
     return sources.history
 
 
+def _recycled(sources: DraftSources) -> Drafter:
+    if sources.recycled is None:
+        raise InvalidInputError("the recycle drafter needs the model's recycling table (the plugin or a session provides it)")
+    return sources.recycled
+
+
 DRAFTERS: "MappingProxyType[str, Callable[[DraftSources], Drafter]]" = MappingProxyType({
     "prompt": lambda sources: PromptLookupDrafter(),
     "ngram": _needs_store(NgramDrafter, "ngram"),
     "suffix": _needs_store(SuffixDrafter, "suffix"),
     "history": _history,
+    "recycle": _recycled,
 })
 STORE_DRAFTERS = ("ngram", "suffix")  # what a datastore adds to the defaults
 
 
 def default_names(sources: DraftSources) -> tuple[str, ...]:
-    """The plugin's default menu: prompt lookup, the datastore's drafters, the output history."""
+    """The plugin's default menu: prompt lookup, the datastore's drafters, the output history,
+    logits recycling."""
     names = ["prompt"]
     if sources.store is not None:
         names.extend(STORE_DRAFTERS)
     if sources.history is not None:
         names.append("history")
+    if sources.recycled is not None:
+        names.append("recycle")
     return tuple(names)
 
 

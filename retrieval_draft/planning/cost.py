@@ -192,3 +192,11 @@ class ObservedCost:
         """Whether some well-observed band is off the measured curve by more than the given factors."""
         seen = self.count >= self.min_count
         return bool(np.any(seen & ((self.ratio < low) | (self.ratio > high))))
+
+    def faster(self, low: float = 0.7) -> bool:
+        """Whether the machine proved faster than the curve: some well-observed band ran below
+        ``low`` times its measured cost and none ran slower than measured. Only such a
+        correction is worth keeping on disk: forwards cannot run faster than the idle machine
+        allows, while slower ones may only mean that other work shared the cores for a while."""
+        seen = self.count >= self.min_count
+        return bool(np.any(seen & (self.ratio < low)) and not np.any(seen & (self.ratio > 1.0)))

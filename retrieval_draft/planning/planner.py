@@ -75,14 +75,18 @@ class TreePlanner:
             self.calibrators[source] = AcceptanceCalibrator()
         return self.calibrators[source]
 
-    def plan(self, root_token: int, drafts: SourcedDrafts) -> DraftTree:
-        """The tree to verify this step, rooted at the pending token."""
+    def candidates(self, root_token: int, drafts: SourcedDrafts) -> DraftTree:
+        """Every drafted node under the pending token, with calibrated probabilities (unpruned)."""
         calibrated = [
             Draft(d.tokens, np.clip(self.calibrator(source).rates(d.probs), 1e-6, 1.0))
             for source, d in drafts
             if len(d)
         ]
-        full = cap_siblings(merge_drafts(root_token, calibrated))
+        return cap_siblings(merge_drafts(root_token, calibrated))
+
+    def plan(self, root_token: int, drafts: SourcedDrafts) -> DraftTree:
+        """The tree to verify this step, rooted at the pending token."""
+        full = self.candidates(root_token, drafts)
         budget = min(self.max_nodes, full.size - 1)
         if self.cost is not None and budget > 0:
             ranked = np.sort(full.probs[1:])[::-1][:budget]
@@ -102,6 +106,12 @@ class TreePlanner:
             self.gate.observe(asked, truth, token_seconds=float(self.cost.seconds[1]))
         for calibrator in self.calibrators.values():
             calibrator.decay_counts()
+        self.grade(drafts, truth)
+        d = self.overhead_decay
+        self.overhead_s = d * self.overhead_s + (1 - d) * draft_seconds
+
+    def grade(self, drafts: SourcedDrafts, truth: np.ndarray) -> None:
+        """Grade every offered draft against ``truth`` (shape (t,)), each shared prefix once."""
         graded: set[tuple] = set()  # (source, prefix) pairs already graded this step
         for source, draft in drafts:
             tokens = draft.tokens.tolist()
@@ -110,8 +120,6 @@ class TreePlanner:
                 skip += 1
             graded.update((source, *tokens[: i + 1]) for i in range(skip, len(tokens)))
             self.calibrator(source).grade(draft.probs, draft.tokens, truth, skip)
-        d = self.overhead_decay
-        self.overhead_s = d * self.overhead_s + (1 - d) * draft_seconds
 
 
 def cap_siblings(tree: DraftTree) -> DraftTree:

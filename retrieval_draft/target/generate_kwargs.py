@@ -26,6 +26,15 @@ def eos_token_ids(generation_config) -> frozenset[int]:
     return frozenset(eos.flatten().tolist()) if eos is not None else frozenset()
 
 
+def pad_token_id(generation_config, eos_ids: frozenset[int]) -> int:
+    """The id HF's batched ``generate`` writes after a row's end: the prepared pad id, else
+    (as HF falls back) an EOS id, else 0 (then no row can end early by EOS)."""
+    pad = generation_config._pad_token_tensor
+    if pad is not None:
+        return int(pad.flatten()[0])
+    return min(eos_ids) if eos_ids else 0
+
+
 def receives_generate_kwargs(function: Callable) -> Callable:
     """Register ``function`` (a ``custom_generate`` callable) to receive ``generate``'s
     ``tokenizer`` and ``assistant_model`` where its signature names them; returns ``function``

@@ -57,6 +57,29 @@ class GrowingLayer(DynamicLayer):
             values[..., :live, :].copy_(self.values[..., :live, :])
         self._key_buffer, self._value_buffer = keys, values
 
+    def move(self, rows: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> None:
+        """Copy position ``sources[j]`` to ``targets[j]`` of batch row ``rows[j]``, every head
+        (all three shape (m,), int64; targets within the live views). Two indexed copies over
+        the flat buffer: fancy indexing of the (B, H, T, d) view took ~7 ms per layer."""
+        heads, capacity = self._key_buffer.shape[1], self._key_buffer.shape[2]
+        base = (rows[:, None] * heads + torch.arange(heads, device=rows.device)[None, :]) * capacity
+        source, target = (base + sources[:, None]).reshape(-1), (base + targets[:, None]).reshape(-1)
+        for buffer in (self._key_buffer, self._value_buffer):
+            flat = buffer.view(-1, buffer.shape[-1])
+            flat.index_copy_(0, target, flat.index_select(0, source))
+
+    def retire_row(self, row: int, live: int) -> None:
+        """Remove batch row ``row``: the last row moves into its place (its first ``live``
+        positions are copied), and the batch shrinks by one without copying the others."""
+        last = self._key_buffer.shape[0] - 1
+        if row != last:
+            self._key_buffer[row, :, :live].copy_(self._key_buffer[last, :, :live])
+            self._value_buffer[row, :, :live].copy_(self._value_buffer[last, :, :live])
+        length = self.keys.shape[-2]
+        self._key_buffer, self._value_buffer = self._key_buffer[:last], self._value_buffer[:last]
+        self.keys = self._key_buffer[..., :length, :]
+        self.values = self._value_buffer[..., :length, :]
+
     def reset(self) -> None:
         super().reset()
         self._key_buffer = self._value_buffer = None

@@ -9,8 +9,8 @@ over 8 tokens after a 256-token prompt, 7.5 ms of 79 ms after 1,500 tokens
 own GQA path, so only tree verification paid this.
 
 ``grouped_sdpa`` computes the same attention with the query heads that share
-a KV head stacked along the query axis: queries (1, H, n, d) become
-(1, H_kv, G*n, d) with G = H / H_kv, the (1, 1, n, k) mask is tiled G times
+a KV head stacked along the query axis: queries (B, H, n, d) become
+(B, H_kv, G*n, d) with G = H / H_kv, the (B or 1, 1, n, k) mask is tiled G times
 along its rows, and the cache is read as it is. ``tree_attention(configs)``
 routes a model's SDPA layers through it for the duration of one forward;
 ``sdpa_configs(model)`` finds the configs to switch.
@@ -40,12 +40,12 @@ def grouped_sdpa(
     """Attention for one layer; same contract as HF's ``sdpa_attention_forward``.
 
     Args:
-        query: (1, H, n, d) new tokens' queries.
-        key, value: (1, H_kv, k, d) the cache plus the new tokens, k = past + n.
-        attention_mask: (1, 1, n, k) additive float mask shared by all heads.
+        query: (B, H, n, d) new tokens' queries.
+        key, value: (B, H_kv, k, d) the cache plus the new tokens, k = past + n.
+        attention_mask: (B or 1, 1, n, k) additive float mask shared by all heads.
 
     Returns:
-        ((1, n, H, d) attention output, None). Calls that are not this case
+        ((B, n, H, d) attention output, None). Calls that are not this case
         (one KV head per query head, no mask, a per-head mask, softcapping or
         position biases) go to HF's own SDPA function unchanged.
     """
@@ -54,22 +54,23 @@ def grouped_sdpa(
         groups == 1
         or attention_mask is None
         or attention_mask.dim() != 4
-        or attention_mask.shape[:2] != (1, 1)
-        or query.shape[0] != 1
+        or attention_mask.shape[1] != 1
+        or attention_mask.shape[0] not in (1, query.shape[0])
         or kwargs.get("softcap") is not None
         or kwargs.get("position_bias") is not None
         or kwargs.get("cache") is not None
     )
     if plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    _, heads, n, dim = query.shape
+    batch, heads, n, dim = query.shape
     kv_heads = key.shape[1]
-    stacked = query.reshape(1, kv_heads, groups * n, dim)
-    mask = attention_mask.expand(1, groups, n, attention_mask.shape[-1]).reshape(1, 1, groups * n, -1)
+    stacked = query.reshape(batch, kv_heads, groups * n, dim)
+    rows = attention_mask.shape[0]
+    mask = attention_mask.expand(rows, groups, n, attention_mask.shape[-1]).reshape(rows, 1, groups * n, -1)
     out = torch.nn.functional.scaled_dot_product_attention(
         stacked, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
     )
-    return out.reshape(1, heads, n, value.shape[-1]).transpose(1, 2).contiguous(), None
+    return out.reshape(batch, heads, n, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)

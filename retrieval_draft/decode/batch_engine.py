@@ -1,0 +1,244 @@
+"""The batch decode loop: every row drafts and accepts on its own, all rows share each forward.
+
+Knows token ids only. Prefill a left-padded batch; then each step asks every
+unfinished row's drafters for drafts, plans one tree per row (one width for
+all: ``BatchPlanner``), scores all trees in ONE forward (``BatchTreeModel``),
+verifies each row's tree against its own logits exactly as the single-row
+engine does (greedy or lossless sampling, the logits processor seeing that
+row's padded sequence as HF's batched ``generate`` shows it), keeps each
+row's accepted KV rows, and drops rows that stopped from the batch, so a
+finished row costs no more compute.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from retrieval_draft.decode.engine import DecodeOptions, StopCheck
+from retrieval_draft.decode.tree import DraftTree, build_tree
+from retrieval_draft.decode.verify import LogitsProcessor, Verdict, verify_greedy, verify_sampling
+from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.planning.batch_planner import BatchPlanner
+from retrieval_draft.target.batch_tree_model import BatchTreeModel
+
+
+@dataclass
+class BatchStats:
+    """Per-call statistics of a batch; times in seconds."""
+
+    rows: int = 0
+    steps: int = 0
+    new_tokens: int = 0
+    row_steps: int = 0  # rows verified, summed over steps
+    step_tokens: int = 0  # tokens emitted by tree steps (after the prefill's first token per row)
+    tree_slots: int = 0  # rows x width, summed over steps: tokens the forwards processed
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        """Plain numbers for JSON and printing."""
+        decode_s = self.draft_s + self.verify_s
+        return {
+            "rows": self.rows,
+            "steps": self.steps,
+            "new_tokens": self.new_tokens,
+            "mean_accepted": round(self.step_tokens / self.row_steps, 3) if self.row_steps else 0.0,
+            "mean_width": round(self.tree_slots / self.row_steps, 2) if self.row_steps else 0.0,
+            "prefill_s": round(self.prefill_s, 4),
+            "draft_s": round(self.draft_s, 4),
+            "verify_s": round(self.verify_s, 4),
+            "decode_tokens_per_s": round((self.new_tokens - self.rows) / decode_s, 2) if decode_s else 0.0,
+        }
+
+
+class _Row:
+    """One row's sequence: its padded prompt (``start`` pad slots first), then what it emitted."""
+
+    def __init__(self, prompt: np.ndarray, start: int, drafters: list[Drafter], max_new_tokens: int) -> None:
+        self.length = prompt.shape[0]
+        self.context = np.empty(self.length + max_new_tokens + 1, dtype=np.int64)
+        self.context[: self.length] = prompt
+        self.start = start
+        self.emitted = self.length
+        self.drafters = drafters
+        self.done = False
+        self.generator: torch.Generator | None = None  # sampling only
+
+    def padded(self) -> np.ndarray:
+        """(L + m,) the row as HF's batched ``generate`` holds it: left padding, prompt, output."""
+        return self.context[: self.emitted]
+
+    def real(self) -> np.ndarray:
+        """(n,) the row's real tokens (no padding): what drafters see."""
+        return self.context[self.start : self.emitted]
+
+    def output(self) -> np.ndarray:
+        return self.context[self.length : self.emitted].copy()
+
+
+def batch_decode(
+    model: BatchTreeModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    row_drafters: list[list[Drafter]],
+    options: DecodeOptions,
+    planner: BatchPlanner,
+    processor: LogitsProcessor | None = None,
+    generator: torch.Generator | None = None,
+    should_stop: StopCheck | None = None,
+) -> tuple[list[np.ndarray], BatchStats]:
+    """Generate up to ``options.max_new_tokens`` tokens after each row of a left-padded batch.
+
+    Args:
+        input_ids, attention_mask: (B, L) int64; mask 1 on real tokens, left padding only.
+        row_drafters: B lists of drafters, one per row (a drafter given to several rows
+            must not keep per-generation state; see ``hf_batch``).
+        generator: seeds one sampling stream per row (each emitted token consumes the same
+            randomness whatever the trees look like, so a seed fixes every row's output).
+        should_stop: sees a row's padded sequence (shape (L + m,)) after each new token.
+
+    Returns:
+        B arrays of new tokens (shape (m_i,)), and statistics.
+    """
+    stats = BatchStats(rows=input_ids.shape[0])
+    starts = (attention_mask.shape[1] - attention_mask.sum(dim=1)).tolist()
+    prompts = input_ids.cpu().numpy()
+    rows = [_Row(prompts[i], int(starts[i]), row_drafters[i], options.max_new_tokens) for i in range(len(starts))]
+    for row in rows:
+        for drafter in row.drafters:
+            drafter.begin(row.real().copy())
+        planner.register(row.drafters)
+
+    for row in rows:  # each row draws from its own stream: tree sizes never shift randomness between rows
+        row.generator = _row_generator(generator)
+    started = time.perf_counter()
+    logits = model.prefill(input_ids, attention_mask)
+    for i, row in enumerate(rows):
+        root = build_tree(int(row.context[row.emitted - 1]), [], 0)
+        verdict = _verify(root, logits[i][None], row, options, processor)
+        _observe(row, root, logits[i][None])
+        _emit(row, np.array([verdict.bonus]), options, should_stop)
+    stats.prefill_s = time.perf_counter() - started
+    active = _drop_finished(model, rows, list(range(len(rows))))
+    while active:
+        _step(model, [rows[i] for i in active], options, planner, processor, should_stop, stats)
+        active = _drop_finished(model, rows, active)
+    outputs = [row.output() for row in rows]
+    for row, output in zip(rows, outputs):
+        for drafter in row.drafters:
+            drafter.end(output)
+    stats.new_tokens = sum(output.shape[0] for output in outputs)
+    return outputs, stats
+
+
+def _step(model, rows: list[_Row], options, planner: BatchPlanner, processor, should_stop, stats) -> None:
+    """One batch step over the unfinished ``rows`` (in the model's row order)."""
+    tick = time.perf_counter()
+    names = {drafter.name for row in rows for drafter in row.drafters}
+    allowed = {name for name in sorted(names) if planner.should_ask(name)}
+    asked = [_ask_drafters(row, allowed, options, planner.max_nodes) for row in rows]
+    drafts = [[(name, draft) for name, (proposed, _) in row_asked.items() for draft in proposed] for row_asked in asked]
+    trees = planner.plan([int(row.context[row.emitted - 1]) for row in rows], drafts)
+    tock = time.perf_counter()
+    logits = model.score_trees(trees)
+    width = logits.shape[1]
+    planner.observe_forward(len(rows) * width, time.perf_counter() - tock)
+    verdicts = [
+        _verify(tree, logits[i, : tree.size], row, options, processor)
+        for i, (tree, row) in enumerate(zip(trees, rows))
+    ]
+    for i, (tree, row) in enumerate(zip(trees, rows)):
+        _observe(row, tree, logits[i, : tree.size])
+    model.keep([np.concatenate([[0], verdict.accepted]) for verdict in verdicts])
+    truths = []
+    for tree, row, verdict in zip(trees, rows, verdicts):
+        new = np.append(tree.tokens[verdict.accepted], verdict.bonus)
+        truths.append(new)
+        before = row.emitted
+        _emit(row, new, options, should_stop)
+        stats.step_tokens += row.emitted - before
+    planner.observe(drafts, truths, tock - tick, asked)
+    stats.draft_s += tock - tick
+    stats.verify_s += time.perf_counter() - tock
+    stats.steps += 1
+    stats.row_steps += len(rows)
+    stats.tree_slots += len(rows) * width
+
+
+def _observe(row: _Row, tree: DraftTree, logits: torch.Tensor) -> None:
+    """Hand one row's verified tree and its logits (n, V) to the row's drafters that record them."""
+    for drafter in row.drafters:
+        if drafter.observes_trees:
+            drafter.observe_tree(tree.tokens, logits)
+
+
+def _ask_drafters(row: _Row, allowed: set[str], options: DecodeOptions, max_nodes: int) -> dict[str, tuple[list, float]]:
+    """Row's proposals from the drafters in ``allowed``: drafter name -> (drafts, seconds its ``propose`` took)."""
+    remaining = row.length + options.max_new_tokens - row.emitted
+    max_len = min(options.max_draft_len, remaining - 1)
+    if max_len <= 0 or max_nodes == 0:
+        return {}
+    asked: dict[str, tuple[list, float]] = {}
+    context = row.real()
+    for drafter in row.drafters:
+        if drafter.name not in allowed:
+            continue
+        started = time.perf_counter()
+        proposed = drafter.propose(context, max_len)
+        seconds = time.perf_counter() - started
+        earlier, earlier_s = asked.get(drafter.name, ([], 0.0))
+        asked[drafter.name] = (earlier + proposed, earlier_s + seconds)
+    return asked
+
+
+def _row_generator(generator: torch.Generator | None) -> torch.Generator | None:
+    """A row's own sampling stream, seeded from the call's ``generator`` (None: greedy)."""
+    if generator is None:
+        return None
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+
+
+def _verify(tree: DraftTree, logits: torch.Tensor, row: _Row, options, processor) -> Verdict:
+    """Greedy or sampling verification of one row's tree (``logits``: (n, V))."""
+    prefix = torch.from_numpy(row.padded())
+    if options.do_sample:
+        return verify_sampling(tree, logits, processor, prefix, row.generator)
+    return verify_greedy(tree, logits, processor, prefix)
+
+
+def _emit(row: _Row, new: np.ndarray, options: DecodeOptions, should_stop: StopCheck | None) -> None:
+    """Append ``new`` to the row up to its first stop (budget, EOS, a stopping criterion)."""
+    limit = row.length + options.max_new_tokens
+    new = new[: limit - row.emitted]
+    stop = len(new) > 0 and row.emitted + len(new) >= limit
+    if options.eos_ids:
+        hits = np.flatnonzero(np.isin(new, list(options.eos_ids)))
+        if hits.size:
+            new, stop = new[: hits[0] + 1], True
+    if should_stop is not None:
+        for i in range(len(new)):
+            row.context[row.emitted + i] = new[i]
+            if should_stop(row.context[: row.emitted + i + 1]):
+                new, stop = new[: i + 1], True
+                break
+    row.context[row.emitted : row.emitted + len(new)] = new
+    row.emitted += len(new)
+    row.done = stop
+    for drafter in row.drafters:
+        drafter.accept(new)
+
+
+def _drop_finished(model: BatchTreeModel, rows: list[_Row], active: list[int]) -> list[int]:
+    """The still-unfinished rows of ``active`` (row indices in the model's row order);
+    finished ones leave the model's batch, which may reorder the others."""
+    finished = [position for position, i in enumerate(active) if rows[i].done]
+    if not finished:
+        return active
+    if len(finished) == len(active):
+        return []
+    return [active[position] for position in model.drop_rows(finished)]
