@@ -114,3 +114,29 @@ def test_fresh_process_runs_both_calls_in_new_processes(tiny_model_dir):
     assert row["ours"]["stats"]["steps"] > 0 and row["hf"]["stats"] is None
     table = fresh_table({"fresh_process": {"rows": rows}})
     assert "| grounded | tiny-0 | 8 |" in table and "| yes |" in table
+
+
+def test_the_no_recycle_diagnostic_is_the_defaults_less_recycling_and_stays_identical(tiny_llama):
+    ids = random_prompt(4, repeat=2)
+    handle = ModelHandles(tiny_llama).get(SYSTEMS["no_recycle"], "chat", 0)
+    setup = setup_for(handle, ids, None)
+    assert [d.name for d in SYSTEMS["no_recycle"].drafters(setup)] == ["prompt", "history"]
+    reference = run_system(SYSTEMS["hf"], setup_for(tiny_llama, ids, None)).output
+    assert torch.equal(run_system(SYSTEMS["no_recycle"], setup).output, reference)
+
+
+def test_text_workloads_build_chat_prompts_and_multiturn_encodes_every_turn():
+    from tools.bench_workloads import TEXT_WORKLOADS, build_workloads
+
+    workloads = build_workloads(list(TEXT_WORKLOADS), 5, seed=0)
+    assert all(len(prompts) == 5 and all(p.chat and p.text for p in prompts) for prompts in workloads.values())
+    turn = workloads["multiturn"][0]
+
+    class Template:
+        def apply_chat_template(self, messages, add_generation_prompt, return_dict):
+            assert add_generation_prompt and not return_dict
+            return [len(m["content"]) for m in messages]
+
+    session = argparse.Namespace(tokenizer=Template())
+    ids = bench.encode(session, turn)
+    assert ids.tolist() == [[len(turn.turns[0][1]), len(turn.turns[1][1]), len(turn.text)]]

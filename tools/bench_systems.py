@@ -41,6 +41,7 @@ from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.registry import DraftSources, make_drafters
+from retrieval_draft.hf import output_history
 
 HF_PROMPT_LOOKUP_TOKENS = 10
 KINDS = ("hf", "readme", "diagnostic")
@@ -114,7 +115,7 @@ def _prompt(setup: RunSetup) -> list[Drafter]:
 
 def _no_recycling(setup: RunSetup) -> list[Drafter]:
     """The defaults without a datastore, less logits recycling: prompt lookup + the handle's history."""
-    sources = DraftSources(history=retrieval_draft.output_history(setup.model))
+    sources = DraftSources(history=output_history(setup.model))
     return make_drafters(["prompt", "history"], sources)
 
 
