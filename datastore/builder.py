@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from retrieval_draft.atomic import swap_into_place, temp_dir_next_to
+from retrieval_draft.store.store_cache import record_verified, store_identity
 from retrieval_draft.errors import TokenizerMismatchError
 from retrieval_draft.store.layout import FORMAT_VERSION, separator_id, token_dtype
 from retrieval_draft.store.manifest import write_manifest
@@ -45,11 +46,23 @@ def store_manifest(tmp: Path, tokens: np.ndarray, header: dict, params: IndexPar
     return write_manifest(tmp, body)
 
 
+def publish(tmp: Path, out: Path) -> None:
+    """Swap the finished store in ``tmp`` into ``out`` and record it as verified in the user cache.
+
+    The builder wrote every file from checked ids and computed the manifest's
+    checksums from the files themselves, so the first ``datastore=PATH`` call
+    after a build need not hash them again; the record is keyed by the files'
+    inodes, sizes and times (``store_cache``), so any later change is verified.
+    """
+    swap_into_place(tmp, out)
+    record_verified(store_identity(out))
+
+
 def _finish(tmp: Path, out: Path, tokens: np.ndarray, header: dict, params: IndexParams, extra: dict) -> dict:
-    """Index ``tokens`` into ``tmp``, write the manifest, swap ``tmp`` into ``out``; returns the manifest."""
+    """Index ``tokens`` into ``tmp``, write the manifest, publish ``tmp`` as ``out``; returns the manifest."""
     index_stats = write_index(tmp, tokens, header["vocab_size"], separator_id(tokens.dtype), params)
     manifest = store_manifest(tmp, tokens, header, params, index_stats, extra)
-    swap_into_place(tmp, out)
+    publish(tmp, out)
     return manifest
 
 

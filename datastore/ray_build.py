@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval_draft.atomic import swap_into_place, temp_dir_next_to
+from retrieval_draft.atomic import temp_dir_next_to
 from retrieval_draft.errors import DatastoreError, EmptyCorpusError, InvalidInputError, RetrievalDraftError
 from retrieval_draft.store.layout import separator_id, token_dtype
 from retrieval_draft.store.tokenizer import tokenizer_fingerprint, tokenizer_vocab_size
-from retrieval_draft_datastore.builder import store_manifest
+from retrieval_draft_datastore.builder import publish, store_manifest
 from retrieval_draft_datastore.index import IndexParams, write_parts
 from retrieval_draft_datastore.ray_index import index_on_ray
 from retrieval_draft_datastore.ray_tokenise import ShardTokeniser, plan_shards, tokenise_shards
@@ -109,7 +109,7 @@ def build_ray(sources: list[str], out: Path, tokenizer, *, options: SourceOption
         header = {"vocab_size": vocab_size, "fingerprint": tokenizer_fingerprint(tokenizer), "documents": documents}
         extra = {"tokenize_seconds": round(tokenize_seconds, 3), "engine": f"ray ({workers} workers)"}
         manifest = store_manifest(tmp, tokens, header, params, stats, extra)
-        swap_into_place(tmp, Path(out))
+        publish(tmp, Path(out))
         return manifest
     except RetrievalDraftError:
         raise

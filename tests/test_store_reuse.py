@@ -117,16 +117,32 @@ def test_a_missing_store_is_a_typed_error(tmp_path):
         PluginMemory().stores.open(tmp_path / "nothing-here")
 
 
-def test_a_new_process_trusts_a_recorded_verification_of_the_same_files(store_path, monkeypatch):
-    opened = []
+def _record_verify_flags(monkeypatch) -> list:
     import retrieval_draft.store.reader
 
+    opened = []
     real = retrieval_draft.store.reader.open_datastore
     monkeypatch.setattr(retrieval_draft.store.reader, "open_datastore",
                         lambda path, **kw: opened.append(kw.get("verify", True)) or real(path, **kw))
+    return opened
+
+
+def test_a_new_process_trusts_a_recorded_verification_of_the_same_files(store_path, monkeypatch):
+    import shutil
+
+    from retrieval_draft.cache_dir import cache_root
+
+    shutil.rmtree(cache_root() / "verified-stores")  # as for a store copied from another machine
+    opened = _record_verify_flags(monkeypatch)
     PluginMemory().stores.open(store_path)  # first process: full verification, recorded
     PluginMemory().stores.open(store_path)  # a later process (a fresh memory): the record is trusted
     assert opened == [True, False]
+
+
+def test_the_first_open_after_a_build_needs_no_rehashing(store_path, monkeypatch):
+    opened = _record_verify_flags(monkeypatch)
+    PluginMemory().stores.open(store_path)  # the builder recorded the files it wrote
+    assert opened == [False]
 
 
 def test_a_file_edited_with_its_mtime_set_back_is_verified_again(store_path):
