@@ -1,7 +1,7 @@
 """Self-speculation by layer skipping, measured: would drafting with the target's own first
 layers (a subset of its layers, the same weights) pay?
 
-    python -m tools.layer_skip [--search-prompts 4] [--eval-prompts 6] [--tokens 96]
+    python -m tools.layer_skip [--search-prompts 1] [--eval-prompts 1] [--tokens 96] [--context 256]
                                [--max-skip 0.6] [--json PATH] [--markdown PATH]
 
 1. Greedy reference outputs of the full model on benchmark prompts (a mix of
@@ -173,6 +173,8 @@ def parse_args(argv):
     p.add_argument("--eval-prompts", type=int, default=1, help="prompts per evaluation workload (after the search ones)")
     p.add_argument("--tokens", type=int, default=96, help="greedy reference tokens per prompt")
     p.add_argument("--max-skip", type=float, default=0.6, help="largest fraction of layers removed")
+    p.add_argument("--context", type=int, default=256,
+                   help="prompt tokens kept before each reference output when measuring agreement (bounds the search's cost)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json")
     p.add_argument("--markdown")
@@ -199,7 +201,8 @@ def main(argv=None) -> int:
         for name in names:
             for prompt in workloads[name][start : start + count]:
                 ids = encode(session, prompt)
-                made.append((reference(model, ids, args.tokens), ids.shape[1]))
+                sequence, cut = reference(model, ids, args.tokens), max(0, ids.shape[1] - args.context)
+                made.append((sequence[:, cut:], ids.shape[1] - cut))  # the prompt's last --context tokens
         return made
 
     started = time.perf_counter()
@@ -213,7 +216,7 @@ def main(argv=None) -> int:
         step_s[entry["skipped"]] = draft_step_seconds(model, entry["keep"], probe)
     cost = PluginMemory(persist=True).cost(model)
     result = {
-        "model_layers": layers, "tokens": args.tokens, "search_workloads": SEARCH_WORKLOADS,
+        "model_layers": layers, "tokens": args.tokens, "context": args.context, "search_workloads": SEARCH_WORKLOADS,
         "eval_workloads": EVAL_WORKLOADS, "search_prompts": len(search), "eval_prompts": len(evaluation),
         "removal_path": path, "evaluation": evaluate(model, path, evaluation, cost, step_s, layers),
         "layer_share": LAYER_SHARE, "seconds": round(time.perf_counter() - started, 1),
