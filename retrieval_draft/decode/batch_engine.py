@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from retrieval_draft.decode.engine import DecodeOptions, StopCheck
+from retrieval_draft.decode.engine import DecodeOptions, StopCheck, cut_at_stop
 from retrieval_draft.decode.tree import DraftTree, build_tree
 from retrieval_draft.decode.verify import LogitsProcessor, Verdict, verify_greedy, verify_sampling
 from retrieval_draft.drafters.base import Drafter
@@ -214,18 +214,7 @@ def _verify(tree: DraftTree, logits: torch.Tensor, row: _Row, options, processor
 def _emit(row: _Row, new: np.ndarray, options: DecodeOptions, should_stop: StopCheck | None) -> None:
     """Append ``new`` to the row up to its first stop (budget, EOS, a stopping criterion)."""
     limit = row.length + options.max_new_tokens
-    new = new[: limit - row.emitted]
-    stop = len(new) > 0 and row.emitted + len(new) >= limit
-    if options.eos_ids:
-        hits = np.flatnonzero(np.isin(new, list(options.eos_ids)))
-        if hits.size:
-            new, stop = new[: hits[0] + 1], True
-    if should_stop is not None:
-        for i in range(len(new)):
-            row.context[row.emitted + i] = new[i]
-            if should_stop(row.context[: row.emitted + i + 1]):
-                new, stop = new[: i + 1], True
-                break
+    new, stop = cut_at_stop(new, row.context, row.emitted, limit, options.eos_ids, should_stop)
     row.context[row.emitted : row.emitted + len(new)] = new
     row.emitted += len(new)
     row.done = stop

@@ -203,17 +203,20 @@ def _verify(tree, logits, context, options, processor, generator) -> Verdict:
     return verify_greedy(tree, logits, processor, prefix)
 
 
-def _emit(new, context, emitted, length, options, should_stop, on_tokens, drafters) -> tuple[bool, int]:
-    """Append ``new`` tokens up to the first stop; return (stopped, new emitted count).
+def cut_at_stop(
+    new: np.ndarray, context: np.ndarray, emitted: int, limit: int, eos_ids: frozenset[int], should_stop: StopCheck | None
+) -> tuple[np.ndarray, bool]:
+    """The part of ``new`` (shape (k,)) to emit after ``context[:emitted]``, and whether generation stops.
 
-    Nothing after an EOS token, the token budget or a stopping criterion's
-    first True is emitted.
+    Nothing after an EOS token, the token budget (``limit``, the context
+    length where generation must end) or a stopping criterion's first True
+    is emitted. ``should_stop`` sees the context through each new token, so
+    those tokens are written into ``context`` as they are checked.
     """
-    limit = length + options.max_new_tokens
     new = new[: limit - emitted]
     stop = len(new) > 0 and emitted + len(new) >= limit
-    if options.eos_ids:
-        hits = np.flatnonzero(np.isin(new, list(options.eos_ids)))
+    if eos_ids:
+        hits = np.flatnonzero(np.isin(new, list(eos_ids)))
         if hits.size:
             new, stop = new[: hits[0] + 1], True
     if should_stop is not None:
@@ -222,6 +225,12 @@ def _emit(new, context, emitted, length, options, should_stop, on_tokens, drafte
             if should_stop(context[: emitted + i + 1]):
                 new, stop = new[: i + 1], True
                 break
+    return new, stop
+
+
+def _emit(new, context, emitted, length, options, should_stop, on_tokens, drafters) -> tuple[bool, int]:
+    """Append ``new`` tokens up to the first stop (``cut_at_stop``); return (stopped, new emitted count)."""
+    new, stop = cut_at_stop(new, context, emitted, length + options.max_new_tokens, options.eos_ids, should_stop)
     context[emitted : emitted + len(new)] = new
     if on_tokens is not None and len(new):
         on_tokens(new)
