@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-from tools.layer_skip import SkippedLayers, draft_step_seconds, greedy_removal, matches, reference, tokens_per_step
+from tools.layer_skip import SkippedLayers, draft_step_seconds, greedy_removal, matches, predictions, reference, tokens_per_step
 
 from .conftest import make_tiny_llama, random_prompt
 
@@ -22,7 +23,10 @@ def test_all_layers_agree_with_the_full_model_and_skipping_restores_them():
     prompt = random_prompt(1, length=8)
     sequence = reference(model, prompt, 12)
     layers = list(model.model.layers)
-    assert matches(model, list(range(len(layers))), sequence, prompt.shape[1]).all()
+    every = list(range(len(layers)))
+    full = predictions(model, every, sequence, prompt.shape[1])
+    assert torch.equal(full, sequence[0, prompt.shape[1]:])  # teacher forcing reproduces greedy decoding
+    assert matches(model, every, (sequence, prompt.shape[1], full)).all()
     with SkippedLayers(model, [0]):
         assert len(model.model.layers) == 1
     assert list(model.model.layers) == layers
@@ -30,7 +34,9 @@ def test_all_layers_agree_with_the_full_model_and_skipping_restores_them():
 
 def test_the_search_removes_one_distinct_layer_per_round():
     model = make_tiny_llama()
-    search = [(reference(model, random_prompt(seed, length=8), 10), 8) for seed in range(2)]
+    sequences = [reference(model, random_prompt(seed, length=8), 10) for seed in range(2)]
+    every = list(range(len(model.model.layers)))
+    search = [(seq, 8, predictions(model, every, seq, 8)) for seq in sequences]
     path = greedy_removal(model, search, max_skip=1, log=lambda text: None)
     assert len(path) == 1 and path[0]["keep"] == [i for i in range(len(model.model.layers)) if i != path[0]["removed"]]
     assert 0.0 <= path[0]["search_agreement"] <= 1.0

@@ -12,10 +12,14 @@ layers (a subset of its layers, the same weights) pay?
    search prompts' reference outputs, and repeat up to ``--max-skip`` of the layers.
 3. On separate evaluation prompts, for each skipped fraction: top-1 agreement
    and the exact tokens per step of greedy self-speculation with a chain of k
-   drafted tokens. Teacher forcing is exact here: while a chain's drafts match
-   the reference, the draft model's input is the reference prefix, so the run of
-   consecutive teacher-forced matches from a position is the number of drafts
-   a k-chain gets accepted there (capped at k), plus the bonus token.
+   drafted tokens. Agreement is with the full model's own teacher-forced top-1
+   on the same input (the prompt cropped to its last ``--context`` tokens, then
+   the reference output). Teacher forcing is exact for the walk where the full
+   model's predictions are the reference (uncropped prompts): while a chain's
+   drafts match, the draft model's input is the reference prefix, so the run of
+   consecutive matches from a position is the number of drafts a k-chain gets
+   accepted there (capped at k), plus the bonus token; with a cropped prompt
+   it is an estimate.
 4. Speed: tokens per step times the plain step time, over k draft steps of the
    skipping model (timed here with a KV cache) plus one verification of k + 1
    tokens (the measured CPU cost curve). ``gpu_on_paper`` assumes a flat
@@ -68,12 +72,18 @@ def reference(model, ids: torch.Tensor, tokens: int) -> torch.Tensor:
     return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False)
 
 
-def matches(model, keep: list[int], sequence: torch.Tensor, prompt_len: int) -> np.ndarray:
-    """Bool (m,): whether the skipping model's teacher-forced top-1 at each generated
-    position equals the full model's token there."""
+def predictions(model, keep: list[int], sequence: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """(m,) the model's teacher-forced top-1 after each prefix ending in the last prompt token
+    and the generated ones, with only the layers in ``keep``."""
     with SkippedLayers(model, keep), torch.no_grad():
-        logits = model(sequence, use_cache=False).logits[0, prompt_len - 1 : -1]
-    return (logits.argmax(-1) == sequence[0, prompt_len:]).numpy()
+        return model(sequence, use_cache=False).logits[0, prompt_len - 1 : -1].argmax(-1)
+
+
+def matches(model, keep: list[int], sample: tuple[torch.Tensor, int, torch.Tensor]) -> np.ndarray:
+    """Bool (m,): whether the skipping model's teacher-forced top-1 equals the full model's
+    (``sample``: sequence (1, L + m), prompt length L, the full model's predictions (m,))."""
+    sequence, prompt_len, full = sample
+    return (predictions(model, keep, sequence, prompt_len) == full).numpy()
 
 
 def tokens_per_step(hit: np.ndarray, chain: int) -> float:
@@ -88,7 +98,7 @@ def tokens_per_step(hit: np.ndarray, chain: int) -> float:
     return m / steps
 
 
-def greedy_removal(model, search: list[tuple[torch.Tensor, int]], max_skip: int, log) -> list[dict]:
+def greedy_removal(model, search: list[tuple], max_skip: int, log) -> list[dict]:
     """Layers removed one at a time, each the one whose absence keeps agreement highest."""
     keep = list(range(len(model.model.layers)))
     path = []
@@ -96,7 +106,7 @@ def greedy_removal(model, search: list[tuple[torch.Tensor, int]], max_skip: int,
         best = None
         for layer in keep:
             trial = [i for i in keep if i != layer]
-            hit = np.concatenate([matches(model, trial, seq, plen) for seq, plen in search])
+            hit = np.concatenate([matches(model, trial, sample) for sample in search])
             if best is None or hit.mean() > best[1]:
                 best = (layer, float(hit.mean()))
         keep.remove(best[0])
@@ -132,7 +142,7 @@ def evaluate(model, path, evaluation, cost, step_s: dict, layers: int) -> list[d
     """Per skipped count: agreement, tokens per step and projected speed-ups for each chain length."""
     rows = []
     for entry in [{"skipped": 0, "keep": list(range(layers))}, *path]:
-        hits = [matches(model, entry["keep"], seq, plen) for seq, plen in evaluation]
+        hits = [matches(model, entry["keep"], sample) for sample in evaluation]
         t1 = step_s[0]
         draft = step_s[entry["skipped"]]
         row = {"skipped": entry["skipped"], "fraction": round(entry["skipped"] / layers, 3),
@@ -202,7 +212,8 @@ def main(argv=None) -> int:
             for prompt in workloads[name][start : start + count]:
                 ids = encode(session, prompt)
                 sequence, cut = reference(model, ids, args.tokens), max(0, ids.shape[1] - args.context)
-                made.append((sequence[:, cut:], ids.shape[1] - cut))  # the prompt's last --context tokens
+                sequence, prompt_len = sequence[:, cut:], ids.shape[1] - cut  # the prompt's last --context tokens
+                made.append((sequence, prompt_len, predictions(model, list(range(layers)), sequence, prompt_len)))
         return made
 
     started = time.perf_counter()
@@ -210,7 +221,7 @@ def main(argv=None) -> int:
     evaluation = sequences(EVAL_WORKLOADS, args.search_prompts, args.eval_prompts)
     log(f"references: {time.perf_counter() - started:.0f} s")
     path = greedy_removal(model, search, int(args.max_skip * layers), log)
-    probe = evaluation[0][0][:, : evaluation[0][1]]
+    probe = evaluation[0][0][:, : evaluation[0][1]]  # an evaluation prompt (cropped)
     step_s = {0: draft_step_seconds(model, list(range(layers)), probe)}
     for entry in path:
         step_s[entry["skipped"]] = draft_step_seconds(model, entry["keep"], probe)
