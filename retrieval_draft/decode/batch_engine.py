@@ -19,10 +19,12 @@ import numpy as np
 import torch
 
 from retrieval_draft.decode.engine import DecodeOptions, StopCheck, cut_at_stop
+from retrieval_draft.decode.readout import TreeJob, read_verdicts, walks_on_host
 from retrieval_draft.decode.tree import DraftTree, build_tree
 from retrieval_draft.decode.verify import LogitsProcessor, Verdict, verify_greedy, verify_sampling
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.planning.batch_planner import BatchPlanner
+from retrieval_draft.planning.timing import ForwardTimer
 from retrieval_draft.target.batch_tree_model import BatchTreeModel
 
 
@@ -118,15 +120,15 @@ def batch_decode(
         row.generator = _row_generator(generator)
     started = time.perf_counter()
     logits = model.prefill(input_ids, attention_mask)
-    for i, row in enumerate(rows):
-        root = build_tree(int(row.context[row.emitted - 1]), [], 0)
-        verdict = _verify(root, logits[i][None], row, options, processor)
-        _observe(row, root, logits[i][None])
+    roots = [build_tree(int(row.context[row.emitted - 1]), [], 0) for row in rows]
+    verdicts = _verify(roots, [logits[i][None] for i in range(len(rows))], rows, options, processor)
+    for row, verdict in zip(rows, verdicts):
         _emit(row, np.array([verdict.bonus]), options, should_stop)
     stats.prefill_s = time.perf_counter() - started
+    timer = ForwardTimer(logits.device)
     active = _drop_finished(model, rows, list(range(len(rows))))
     while active:
-        _step(model, [rows[i] for i in active], options, planner, processor, should_stop, stats)
+        _step(model, [rows[i] for i in active], options, planner, processor, should_stop, stats, timer)
         active = _drop_finished(model, rows, active)
     outputs = [row.output() for row in rows]
     for row, output in zip(rows, outputs):
@@ -136,7 +138,7 @@ def batch_decode(
     return outputs, stats
 
 
-def _step(model, rows: list[_Row], options, planner: BatchPlanner, processor, should_stop, stats) -> None:
+def _step(model, rows: list[_Row], options, planner: BatchPlanner, processor, should_stop, stats, timer) -> None:
     """One batch step over the unfinished ``rows`` (in the model's row order)."""
     tick = time.perf_counter()
     names = {drafter.name for row in rows for drafter in row.drafters}
@@ -145,15 +147,12 @@ def _step(model, rows: list[_Row], options, planner: BatchPlanner, processor, sh
     drafts = [[(name, draft) for name, (proposed, _) in row_asked.items() for draft in proposed] for row_asked in asked]
     trees = planner.plan([int(row.context[row.emitted - 1]) for row in rows], drafts)
     tock = time.perf_counter()
+    timer.start()
     logits = model.score_trees(trees)
+    timer.stop()
     width = logits.shape[1]
-    planner.observe_forward(len(rows) * width, time.perf_counter() - tock)
-    verdicts = [
-        _verify(tree, logits[i, : tree.size], row, options, processor)
-        for i, (tree, row) in enumerate(zip(trees, rows))
-    ]
-    for i, (tree, row) in enumerate(zip(trees, rows)):
-        _observe(row, tree, logits[i, : tree.size])
+    verdicts = _verify(trees, [logits[i, : tree.size] for i, tree in enumerate(trees)], rows, options, processor)
+    planner.observe_forward(len(rows) * width, timer.seconds())  # after the verdicts' host read: no extra wait
     model.keep([np.concatenate([[0], verdict.accepted]) for verdict in verdicts])
     truths = []
     for tree, row, verdict in zip(trees, rows, verdicts):
@@ -168,13 +167,6 @@ def _step(model, rows: list[_Row], options, planner: BatchPlanner, processor, sh
     stats.steps += 1
     stats.row_steps += len(rows)
     stats.tree_slots += len(rows) * width
-
-
-def _observe(row: _Row, tree: DraftTree, logits: torch.Tensor) -> None:
-    """Hand one row's verified tree and its logits (n, V) to the row's drafters that record them."""
-    for drafter in row.drafters:
-        if drafter.observes_trees:
-            drafter.observe_tree(tree.tokens, logits)
 
 
 def _ask_drafters(row: _Row, allowed: set[str], options: DecodeOptions, max_nodes: int) -> dict[str, tuple[list, float]]:
@@ -203,12 +195,28 @@ def _row_generator(generator: torch.Generator | None) -> torch.Generator | None:
     return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
 
 
-def _verify(tree: DraftTree, logits: torch.Tensor, row: _Row, options, processor) -> Verdict:
-    """Greedy or sampling verification of one row's tree (``logits``: (n, V))."""
-    prefix = torch.from_numpy(row.padded())
-    if options.do_sample:
-        return verify_sampling(tree, logits, processor, prefix, row.generator)
-    return verify_greedy(tree, logits, processor, prefix)
+def _verify(trees: list[DraftTree], logits: list[torch.Tensor], rows: list[_Row], options, processor) -> list[Verdict]:
+    """Greedy or sampling verification of each row's tree (``logits[i]``: (n_i, V)), the rows'
+    tree-observing drafters fed from the same host read (one read for all rows)."""
+    verdicts: list[Verdict | None] = [None] * len(rows)
+    jobs, fused = [], []
+    for i, (tree, row_logits, row) in enumerate(zip(trees, logits, rows)):
+        observers = [drafter for drafter in row.drafters if drafter.observes_trees]
+        if not walks_on_host(row_logits.device, options.do_sample, processor):
+            jobs.append(TreeJob(tree, row_logits, row.padded(), row.generator, observers))
+            fused.append(i)
+            continue
+        prefix = torch.from_numpy(row.padded())
+        if options.do_sample:
+            verdicts[i] = verify_sampling(tree, row_logits, processor, prefix, row.generator)
+        else:
+            verdicts[i] = verify_greedy(tree, row_logits, processor, prefix)
+        for observer in observers:
+            observer.observe_tree(tree.tokens, row_logits)
+    if jobs:
+        for i, verdict in zip(fused, read_verdicts(jobs, processor, options.do_sample)):
+            verdicts[i] = verdict
+    return verdicts
 
 
 def _emit(row: _Row, new: np.ndarray, options: DecodeOptions, should_stop: StopCheck | None) -> None:

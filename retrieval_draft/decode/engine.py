@@ -17,11 +17,13 @@ import numpy as np
 import torch
 
 from retrieval_draft.config import DEFAULTS
+from retrieval_draft.decode.readout import TreeJob, read_verdicts, walks_on_host
 from retrieval_draft.decode.tree import build_tree
 from retrieval_draft.decode.verify import LogitsProcessor, Verdict, verify_greedy, verify_sampling
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.planning.planner import TreePlanner
+from retrieval_draft.planning.timing import ForwardTimer
 from retrieval_draft.target.tree_model import TreeModel
 
 
@@ -125,10 +127,9 @@ def speculative_decode(
     start = time.perf_counter()
     root_logits = model.prefill(prompt)
     lone_root = build_tree(int(context[length - 1]), [], 0)
-    verdict = _verify(lone_root, root_logits[None], context[:length], options, processor, generator)
-    for observer in observers:
-        observer.observe_tree(lone_root.tokens, root_logits[None])
+    verdict = _verify(lone_root, root_logits[None], context[:length], options, processor, generator, observers)
     stats.prefill_s = time.perf_counter() - start
+    timer = ForwardTimer(root_logits.device)
 
     emitted = length
     done, emitted = _emit(np.array([verdict.bonus]), context, emitted, length, options, should_stop, on_tokens, drafters)
@@ -141,11 +142,11 @@ def speculative_decode(
         drafts = [(name, draft) for name, (proposed, _) in asked.items() for draft in proposed]
         tree = planner.plan(int(context[emitted - 1]), drafts)
         tock = time.perf_counter()
+        timer.start()
         logits = model.score_tree(tree)
-        planner.observe_forward(tree.size, time.perf_counter() - tock)
-        verdict = _verify(tree, logits, context[:emitted], options, processor, generator)
-        for observer in observers:
-            observer.observe_tree(tree.tokens, logits)
+        timer.stop()
+        verdict = _verify(tree, logits, context[:emitted], options, processor, generator, observers)
+        planner.observe_forward(tree.size, timer.seconds())  # after the verdict's host read: no extra wait
         model.keep(np.concatenate([[0], verdict.accepted]))
         new = np.append(tree.tokens[verdict.accepted], verdict.bonus)
         planner.observe(drafts, new, tock - tick, asked)
@@ -195,12 +196,19 @@ def _emitted_rows(logits: torch.Tensor, verdict: Verdict, count: int) -> torch.T
     return logits[torch.from_numpy(rows).to(logits.device)]
 
 
-def _verify(tree, logits, context, options, processor, generator) -> Verdict:
-    """Greedy or sampling verification; ``context`` runs through the root."""
+def _verify(tree, logits, context, options, processor, generator, observers) -> Verdict:
+    """Greedy or sampling verification of ``tree`` (``logits``: (n, V)); ``context`` (shape (L,))
+    runs through the root. ``observers`` record the tree from the same host read."""
+    if not walks_on_host(logits.device, options.do_sample, processor):
+        return read_verdicts([TreeJob(tree, logits, context, generator, observers)], processor, options.do_sample)[0]
     prefix = torch.from_numpy(context)
     if options.do_sample:
-        return verify_sampling(tree, logits, processor, prefix, generator)
-    return verify_greedy(tree, logits, processor, prefix)
+        verdict = verify_sampling(tree, logits, processor, prefix, generator)
+    else:
+        verdict = verify_greedy(tree, logits, processor, prefix)
+    for observer in observers:
+        observer.observe_tree(tree.tokens, logits)
+    return verdict
 
 
 def cut_at_stop(

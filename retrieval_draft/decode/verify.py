@@ -4,6 +4,12 @@ Given the target model's logits at every tree node, walk down from the root
 and decide which draft nodes the model accepts, plus one bonus token drawn
 from the model at the last accepted node. No model, cache or I/O here.
 
+Two ways to the same verdict: ``verify_greedy`` / ``verify_sampling`` compute
+each visited node's pick as they walk (one host read per node, free on CPU,
+and they process only the nodes visited); ``greedy_choices`` /
+``sampling_choices`` compute every node's pick on the device and ``walk``
+follows them after ONE host read (the GPU path; ``decode.readout``).
+
 Row ``i`` of ``logits`` is the model's next-token distribution after node
 ``i``'s prefix (the context up to the root, then the path to node ``i``).
 """
@@ -51,7 +57,7 @@ def node_scores(
     exactly as plain decoding would have shown it.
     """
     row = logits[node].to(torch.float32)
-    if processor is None or len(processor) == 0:
+    if not has_processor(processor):
         return row
     path = torch.from_numpy(tree.tokens[tree.path_to(node)])
     ids = torch.cat([prefix, path.to(prefix.device)]).unsqueeze(0)
@@ -72,15 +78,12 @@ def verify_greedy(
         processor: applied to each visited node's logits with its own prefix.
         prefix: shape (L,), context ids through the root (needed with a processor).
     """
+    if not has_processor(processor):
+        return walk(tree, logits.argmax(dim=-1).numpy(force=True))
     kids = _child_lookup(tree)
-    plain = processor is None or len(processor) == 0
-    argmax = logits.argmax(dim=-1).tolist() if plain else None
     node, accepted = 0, []
     while True:
-        if plain:
-            choice = argmax[node]
-        else:
-            choice = int(node_scores(tree, logits, node, processor, prefix).argmax())
+        choice = int(node_scores(tree, logits, node, processor, prefix).argmax())
         child = kids.get((node, choice))
         if child is None:
             return Verdict(np.asarray(accepted, dtype=np.int64), choice)
@@ -125,6 +128,98 @@ def verify_sampling(
             return Verdict(np.asarray(accepted, dtype=np.int64), choice)
         accepted.append(child)
         node = child
+
+
+def walk(tree: DraftTree, choices: np.ndarray) -> Verdict:
+    """Accept down the tree while a child carries the token chosen at its parent.
+
+    ``choices``: shape (n,), the token the model picks at each node (any
+    integer dtype), computed for every node at once (``greedy_choices``,
+    ``sampling_choices``) so that one host read serves the whole walk.
+    """
+    kids = _child_lookup(tree)
+    node, accepted = 0, []
+    while True:
+        choice = int(choices[node])
+        child = kids.get((node, choice))
+        if child is None:
+            return Verdict(np.asarray(accepted, dtype=np.int64), choice)
+        accepted.append(child)
+        node = child
+
+
+def greedy_choices(
+    tree: DraftTree, logits: torch.Tensor, processor: LogitsProcessor | None, prefix: np.ndarray
+) -> torch.Tensor:
+    """The greedy pick at every node, shape (n,), int64, on ``logits``' device (no host read).
+
+    Equals ``verify_greedy``'s pick at each node it visits. ``prefix``: shape (L,), int64,
+    the context through the root (read only with a processor).
+    """
+    if not has_processor(processor):
+        return logits.argmax(dim=-1)
+    return tree_scores(tree, logits, processor, prefix).argmax(dim=-1)
+
+
+def sampling_choices(
+    tree: DraftTree,
+    logits: torch.Tensor,
+    processor: LogitsProcessor | None,
+    prefix: np.ndarray,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, Callable[[int], None]]:
+    """``verify_sampling``'s Gumbel-max pick at every node at once: shape (n,), int64, on ``logits``' device.
+
+    The node at depth d uses the (d + 1)-th draw of ``generator`` (the d-th
+    emitted token's noise, as in ``verify_sampling``), so one draw per depth
+    serves every node. Returns the picks and ``rewind(k)``: after ``walk``
+    accepted k nodes, it leaves ``generator`` as if ``verify_sampling`` had
+    run (k + 1 draws consumed), so a seed gives the same tokens either way.
+    """
+    scores = tree_scores(tree, logits, processor, prefix) if has_processor(processor) else logits.to(torch.float32)
+    log_p = torch.log_softmax(scores, dim=-1)
+    source = generator if generator is not None else torch.default_generator
+    tiny = torch.finfo(torch.float32).tiny
+    draws, states = [], []
+    for _ in range(int(tree.depths.max()) + 1):
+        draws.append(torch.rand(log_p.shape[-1], generator=source, device=source.device))
+        states.append(source.get_state())
+    uniform = torch.stack(draws).to(log_p.device, non_blocking=True).clamp_(tiny, 1.0 - 1e-7)
+    depths = torch.from_numpy(tree.depths).to(log_p.device, non_blocking=True)
+    choices = torch.argmax(log_p - torch.log(-torch.log(uniform))[depths], dim=-1)
+    return choices, lambda accepted: source.set_state(states[accepted])
+
+
+def tree_scores(
+    tree: DraftTree, logits: torch.Tensor, processor: LogitsProcessor, prefix: np.ndarray
+) -> torch.Tensor:
+    """``node_scores`` of every node, shape (n, V), float32, on ``logits``' device, with no host read.
+
+    The processor sees each node alone (batch 1, as ``node_scores`` shows it):
+    HF processors may hold per-batch-row state (``RepetitionPenaltyLogitsProcessor``'s
+    ``prompt_ignore_length``) that a batch of nodes would not fit. ``prefix`` and
+    the paths reach the device in one copy.
+    """
+    from retrieval_draft.target.transfer import to_device
+
+    n, depth = tree.size, int(tree.depths.max())
+    paths = np.zeros((n, max(depth, 1)), dtype=np.int64)  # row i: the path to node i, root excluded
+    rows, cursor, column = np.arange(n), np.arange(n), tree.depths - 1
+    for _ in range(depth):
+        live = column >= 0
+        paths[rows[live], column[live]] = tree.tokens[cursor[live]]
+        cursor, column = np.where(live, tree.parents[cursor], cursor), column - 1
+    paths_t, prefix_t = to_device([paths, np.ascontiguousarray(prefix, dtype=np.int64)], logits.device)
+    scores = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    for node, node_depth in enumerate(tree.depths.tolist()):
+        ids = torch.cat([prefix_t, paths_t[node, :node_depth]]).unsqueeze(0)
+        scores[node] = processor(ids, logits[node : node + 1].to(torch.float32))[0]
+    return scores
+
+
+def has_processor(processor: LogitsProcessor | None) -> bool:
+    """Whether ``processor`` would change any scores (None and empty lists do not)."""
+    return processor is not None and len(processor) > 0
 
 
 def _child_lookup(tree: DraftTree) -> dict[tuple[int, int], int]:

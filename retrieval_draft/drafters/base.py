@@ -51,8 +51,9 @@ class Drafter(ABC):
     """A source of draft continuations. Subclasses implement ``propose``.
 
     Lifecycle for one generation: ``begin(prompt)``, then per step
-    ``propose(context, max_len)``, ``observe_tree(tokens, logits)`` once the
-    tree is scored, then ``accept(new_tokens)``; and
+    ``propose(context, max_len)``, ``tree_request(logits)`` and
+    ``tree_receive(tokens, columns)`` once the tree is scored (observers only),
+    then ``accept(new_tokens)``; and
     ``end(output)`` once generation stops.
     """
 
@@ -61,7 +62,7 @@ class Drafter(ABC):
     # this drafter's drafts: 1.0 for probabilities that are measured
     # acceptance rates, lower for heuristic scores (see AcceptanceCalibrator).
     prior_scale: float = 0.5
-    # Whether ``observe_tree`` wants each verified tree's logits (the engine calls only such drafters).
+    # Whether ``tree_request`` / ``tree_receive`` want each verified tree's logits (the engines call only such drafters).
     observes_trees: bool = False
 
     def begin(self, prompt: np.ndarray) -> None:
@@ -71,10 +72,24 @@ class Drafter(ABC):
     def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
         """Continuations of ``context`` (shape (n,), int64), each at most ``max_len`` tokens."""
 
+    def tree_request(self, logits: "torch.Tensor") -> "torch.Tensor":
+        """What to record of the tree just verified, computed on the model's device: shape (n, c),
+        int32 (floats as their bit patterns, ``Tensor.view(torch.int32)``), from the raw logits
+        ``logits`` (shape (n, V)). The engine reads every request of a step in its one host
+        read and hands the columns to ``tree_receive``. Called only when ``observes_trees``."""
+        import torch
+
+        return torch.empty((logits.shape[0], 0), dtype=torch.int32, device=logits.device)
+
+    def tree_receive(self, tokens: np.ndarray, columns: np.ndarray) -> None:
+        """This drafter's ``tree_request`` columns (shape (n, c), int32, host) for the tree whose
+        node tokens are ``tokens`` (shape (n,), int64)."""
+
     def observe_tree(self, tokens: np.ndarray, logits: "torch.Tensor") -> None:
-        """The model's raw logits (shape (n, V)) at each node of the tree just verified,
-        whose tokens are ``tokens`` (shape (n,), int64). Called only on drafters whose
-        ``observes_trees`` is True."""
+        """``tree_request`` then ``tree_receive`` with a read of its own (for use outside the engines)."""
+        from retrieval_draft.target.transfer import to_host
+
+        self.tree_receive(tokens, to_host(self.tree_request(logits)))
 
     def accept(self, new_tokens: np.ndarray) -> None:
         """Tokens just appended to the context (shape (k,), int64)."""

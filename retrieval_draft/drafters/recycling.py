@@ -63,17 +63,22 @@ class RecyclingDrafter(Drafter):
         """Tokens whose successors have been recorded."""
         return int(np.count_nonzero(self.successors[:, 0] != EMPTY))
 
-    def observe_tree(self, tokens: np.ndarray, logits: "torch.Tensor") -> None:
-        """Record the top-k of each row of ``logits`` (shape (n, V), raw) as the successors
-        of ``tokens`` (shape (n,), the node tokens those rows were computed at)."""
+    def tree_request(self, logits: "torch.Tensor") -> "torch.Tensor":
+        """The top-k of each row of ``logits`` (shape (n, V), raw), on its device: shape (n, 2k),
+        int32, the k token ids then the k probabilities' float32 bit patterns."""
         import torch
 
         with torch.no_grad():
             rows = logits[:, : self.vocab_size].float()
             top = torch.topk(rows, self.k, dim=-1)
             probs = torch.exp(top.values - torch.logsumexp(rows, dim=-1, keepdim=True))
-        self.successors[tokens] = top.indices.cpu().numpy()
-        self.probs[tokens] = probs.cpu().numpy()
+        return torch.cat([top.indices.to(torch.int32), probs.view(torch.int32)], dim=1)
+
+    def tree_receive(self, tokens: np.ndarray, columns: np.ndarray) -> None:
+        """Record ``tree_request``'s columns (shape (n, 2k), host) as the successors of
+        ``tokens`` (shape (n,), the node tokens those rows were computed at)."""
+        self.successors[tokens] = columns[:, : self.k]
+        self.probs[tokens] = columns[:, self.k :].view(np.float32)
 
     def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
         """One draft per leaf of the best-first tree grown from ``context[-1]``."""

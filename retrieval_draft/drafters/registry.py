@@ -3,7 +3,9 @@
 A factory takes the ``DraftSources`` of a call (the opened datastore, the
 model's output history) and returns a drafter, or raises ``InvalidInputError``
 when a source it needs is missing. Adding a drafter is its module plus one
-line in ``DRAFTERS``.
+line in ``DRAFTERS``. The datastore drafters are imported when first made,
+so the runtime imports without the store's dependencies (datrie), as on
+the GPU machines.
 """
 
 from __future__ import annotations
@@ -14,10 +16,8 @@ from typing import TYPE_CHECKING, Callable
 
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
-from retrieval_draft.drafters.ngram import NgramDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
-from retrieval_draft.drafters.suffix import SuffixDrafter
 from retrieval_draft.errors import InvalidInputError
 
 if TYPE_CHECKING:
@@ -43,6 +43,18 @@ def _needs_store(make: Callable[["Datastore"], Drafter], name: str) -> Callable[
     return factory
 
 
+def _ngram(store: "Datastore") -> Drafter:
+    from retrieval_draft.drafters.ngram import NgramDrafter  # the store's readers need datrie: imported on use
+
+    return NgramDrafter(store)
+
+
+def _suffix(store: "Datastore") -> Drafter:
+    from retrieval_draft.drafters.suffix import SuffixDrafter
+
+    return SuffixDrafter(store)
+
+
 def _history(sources: DraftSources) -> Drafter:
     if sources.history is None:
         raise InvalidInputError("the history drafter needs an output history (draft_learning=True)")
@@ -57,8 +69,8 @@ def _recycled(sources: DraftSources) -> Drafter:
 
 DRAFTERS: "MappingProxyType[str, Callable[[DraftSources], Drafter]]" = MappingProxyType({
     "prompt": lambda sources: PromptLookupDrafter(),
-    "ngram": _needs_store(NgramDrafter, "ngram"),
-    "suffix": _needs_store(SuffixDrafter, "suffix"),
+    "ngram": _needs_store(_ngram, "ngram"),
+    "suffix": _needs_store(_suffix, "suffix"),
     "history": _history,
     "recycle": _recycled,
 })

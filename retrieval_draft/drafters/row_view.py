@@ -9,7 +9,7 @@ context; the row's prompt is held here, and when the row ends the shared
 drafter sees that row's ``begin(prompt)`` and ``end(output)`` back to back
 (the history then pairs each prompt with its own output). ``accept`` is not
 passed on: a shared drafter learns each row's generation at its end.
-``observe_tree`` is passed on as it comes (the recycling table is keyed by
+``tree_request`` / ``tree_receive`` are passed on as they come (the recycling table is keyed by
 token, not by generation, so rows may fill it in any order).
 """
 
@@ -36,8 +36,11 @@ class RowView(Drafter):
     def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
         return self.shared.propose(context, max_len)
 
-    def observe_tree(self, tokens: np.ndarray, logits) -> None:
-        self.shared.observe_tree(tokens, logits)
+    def tree_request(self, logits):
+        return self.shared.tree_request(logits)
+
+    def tree_receive(self, tokens: np.ndarray, columns: np.ndarray) -> None:
+        self.shared.tree_receive(tokens, columns)
 
     def end(self, output: np.ndarray) -> None:
         self.shared.begin(self._prompt)

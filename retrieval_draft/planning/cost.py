@@ -12,12 +12,12 @@ skinny matmul (``skinny_linear.py``) and keeps, per size, whichever was faster.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from retrieval_draft.planning.timing import ForwardTimer
 from retrieval_draft.target.skinny_linear import SKINNY_ROWS
 
 PROBE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -120,7 +120,8 @@ def kernel_sizes(kernel_wins: dict[int, bool]) -> frozenset:
 
 def time_chain(tree_model, size: int, rng: np.random.Generator, repeats: int, warmups: int = 1) -> float:
     """Median seconds of ``repeats`` forwards over a random ``size``-token chain, after ``warmups``
-    untimed ones; the cache is trimmed back to one new row after each."""
+    untimed ones; the cache is trimmed back to one new row after each. Timed by ``ForwardTimer``
+    (CUDA events on a GPU, where the clock around the call would only time the launch)."""
     from retrieval_draft.decode.tree import DraftTree
 
     chain = DraftTree(
@@ -129,13 +130,13 @@ def time_chain(tree_model, size: int, rng: np.random.Generator, repeats: int, wa
         depths=np.arange(size),
         probs=np.ones(size),
     )
+    timer = ForwardTimer(tree_model.device)
     samples = []
     for _ in range(warmups + repeats):
-        started = time.perf_counter()
+        timer.start()
         tree_model.score_tree(chain)
-        if tree_model.device.type == "cuda":
-            torch.cuda.synchronize(tree_model.device)
-        samples.append(time.perf_counter() - started)
+        timer.stop()
+        samples.append(timer.seconds())
         tree_model.keep(np.zeros(1, dtype=np.int64))
     return float(np.median(samples[warmups:]))
 

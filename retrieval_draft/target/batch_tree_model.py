@@ -31,6 +31,7 @@ from retrieval_draft.decode.tree import DraftTree
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.target.kv_cache import growing_cache
 from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linears
+from retrieval_draft.target.transfer import to_device
 from retrieval_draft.target.tree_attention import sdpa_configs, tree_attention
 from retrieval_draft.target.tree_model import check_tree_support
 
@@ -100,12 +101,12 @@ class BatchTreeModel:
         width = max(tree.size for tree in trees)
         tokens, depths, among = self._pack(trees, width)
         positions = self.next_pos[:, None] + depths  # (B, W)
-        mask = self._mask(positions, among)
+        tokens_t, positions_t, mask = self._inputs(tokens, positions, among)
         skinny = self._skinny if self.rows * width in self.skinny_sizes else []
         with tree_attention(self._sdpa_configs), skinny_linears(skinny):
             out = self.model(
-                input_ids=torch.from_numpy(tokens).to(self.device),
-                position_ids=torch.from_numpy(positions).to(self.device),
+                input_ids=tokens_t,
+                position_ids=positions_t,
                 attention_mask=mask,
                 past_key_values=self.cache,
                 use_cache=True,
@@ -160,7 +161,7 @@ class BatchTreeModel:
         """Copy slot ``sources[j]`` to ``targets[j]`` of batch row ``rows[j]`` in every layer."""
         if rows.size == 0:
             return
-        b, s, t = (torch.from_numpy(a).to(self.device) for a in (rows, sources, targets))
+        b, s, t = to_device([rows, sources, targets], self.device)
         for layer in self.cache.layers:
             layer.move(b, s, t)
 
@@ -186,20 +187,23 @@ class BatchTreeModel:
             among[row, :n, :n] = tree.ancestor_mask()
         return tokens, depths, among
 
-    def _mask(self, positions: np.ndarray, among: np.ndarray):
-        """Additive (B, 1, W, T + W) mask, or a dict of them by layer type with sliding windows."""
+    def _inputs(self, tokens: np.ndarray, positions: np.ndarray, among: np.ndarray):
+        """Token ids (B, W), position ids (B, W) and the additive (B, 1, W, T + W) mask in the
+        model's dtype (a dict of them by layer type with sliding windows), on the model's
+        device in ONE host copy. ``among``: (B, W, W) bool, which new slots each new slot sees."""
         rows, width = positions.shape
         cache = np.broadcast_to(self.visible[:, None, :], (rows, width, self.length))
-        allowed = np.concatenate([cache, among], axis=2)
-        full = self._additive(allowed)
-        if not self._sliding or not self._window:
-            return full
-        key_pos = np.concatenate([self.slot_pos, positions], axis=1)
-        in_window = (positions[:, :, None] - key_pos[:, None, :]) < self._window
-        return {"full_attention": full, "sliding_attention": self._additive(allowed & in_window)}
+        allowed = [np.concatenate([cache, among], axis=2)]
+        if self._sliding and self._window:
+            key_pos = np.concatenate([self.slot_pos, positions], axis=1)
+            allowed.append(allowed[0] & ((positions[:, :, None] - key_pos[:, None, :]) < self._window))
+        moved = to_device([tokens, positions, *allowed], self.device)
+        masks = [self._additive(seen) for seen in moved[2:]]
+        mask = masks[0] if len(masks) == 1 else {"full_attention": masks[0], "sliding_attention": masks[1]}
+        return moved[0], moved[1], mask
 
-    def _additive(self, allowed: np.ndarray) -> torch.Tensor:
-        """(B, W, K) bool -> (B, 1, W, K) additive mask in the model's dtype."""
-        mask = torch.zeros(allowed.shape, dtype=self.dtype)
-        mask.masked_fill_(torch.from_numpy(~allowed), torch.finfo(self.dtype).min)
-        return mask[:, None].to(self.device)
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        """(B, W, K) bool -> (B, 1, W, K) additive mask in the model's dtype, on ``allowed``'s device."""
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        return mask[:, None]

@@ -16,6 +16,7 @@ from retrieval_draft.decode.tree import DraftTree
 from retrieval_draft.errors import InvalidInputError, UnsupportedModelError
 from retrieval_draft.target.kv_cache import growing_cache
 from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linears
+from retrieval_draft.target.transfer import to_device
 from retrieval_draft.target.tree_attention import sdpa_configs, tree_attention
 
 _MASKABLE_ATTENTION = ("sdpa", "eager")
@@ -93,21 +94,30 @@ class TreeModel:
 
         Afterwards the cache holds ``past_len + n`` rows until ``keep`` trims it.
         """
-        positions = tree.depths + self.past_len
         # A lone root sees the whole cache: the model's own single-token path
         # (no explicit mask) is what plain decoding runs, and it is faster.
         lone = tree.size == 1 and "sliding_attention" not in self._layer_types
         skinny = self._skinny if tree.size in self.skinny_sizes else []
         grouped = self._sdpa_configs if self.grouped_attention and not lone else []
+        tokens, positions, mask = self.tree_inputs(tree, masked=not lone)
         with tree_attention(grouped), skinny_linears(skinny):
             out = self.model(
-                input_ids=torch.from_numpy(tree.tokens).unsqueeze(0).to(self.device),
-                position_ids=torch.from_numpy(positions).unsqueeze(0).to(self.device),
-                attention_mask=None if lone else self._mask(positions, tree.ancestor_mask(), self.past_len),
+                input_ids=tokens[None],
+                position_ids=positions[None],
+                attention_mask=mask,
                 past_key_values=self.cache,
                 use_cache=True,
             )
         return out.logits[0].float()
+
+    def tree_inputs(self, tree: DraftTree, masked: bool = True):
+        """The forward's inputs for ``tree`` (n nodes), on the model's device in ONE host copy:
+        token ids (n,) int64, position ids (n,) int64 and, when ``masked``, ``_mask``'s
+        additive mask(s) in the model's dtype (else None)."""
+        positions = tree.depths + self.past_len
+        arrays = [tree.tokens, positions] + ([tree.ancestor_mask()] if masked else [])
+        moved = to_device(arrays, self.device)
+        return moved[0], moved[1], self._mask(moved[1], moved[2], self.past_len) if masked else None
 
     def keep(self, nodes: np.ndarray) -> None:
         """Keep the KV rows of tree ``nodes`` (shape (m,), increasing, starting with root 0).
@@ -117,7 +127,7 @@ class TreeModel:
         base = self.past_len
         kept = base + nodes.shape[0]
         contiguous = bool(np.all(nodes == np.arange(nodes.shape[0])))
-        index = None if contiguous else torch.from_numpy(nodes + base).to(self.device)
+        index = None if contiguous else to_device([nodes + base], self.device)[0]
         for layer in self.cache.layers:
             if index is not None:
                 layer.keys[..., base:kept, :] = layer.keys.index_select(-2, index)
@@ -126,29 +136,25 @@ class TreeModel:
             layer.values = layer.values[..., :kept, :]
         self.past_len = kept
 
-    def _mask(self, positions: np.ndarray, visible: np.ndarray, past_len: int):
-        """Additive float mask(s) for new tokens at ``positions`` (shape (n,)).
+    def _mask(self, positions: torch.Tensor, visible: torch.Tensor, past_len: int):
+        """Additive float mask(s) for new tokens at ``positions`` (shape (n,), on the device).
 
         ``visible``: (n, n) bool, which new tokens each new token may see. The
         cache's ``past_len`` rows sit at positions 0..past_len-1 and are all
         visible, except beyond a sliding window on sliding-attention layers.
-        Returns a (1, 1, n, past_len + n) tensor, or a dict of them keyed by
-        layer type for models that mix full and sliding attention.
+        Returns a (1, 1, n, past_len + n) tensor in the model's dtype (0 = attend,
+        the dtype's lowest value = blocked), or a dict of them keyed by layer
+        type for models that mix full and sliding attention. Built on the device.
         """
         n = positions.shape[0]
-        key_pos = np.concatenate([np.arange(past_len, dtype=np.int64), positions])
-        allowed = np.concatenate([np.ones((n, past_len), dtype=bool), visible], axis=1)
-        full = self._additive(allowed)
+        lowest = torch.finfo(self.dtype).min
+        full = torch.zeros((1, 1, n, past_len + n), dtype=self.dtype, device=positions.device)
+        full[0, 0, :, past_len:].masked_fill_(~visible, lowest)
         if "sliding_attention" not in self._layer_types or not self._window:
             return full
-        in_window = (positions[:, None] - key_pos[None, :]) < self._window
-        return {"full_attention": full, "sliding_attention": self._additive(allowed & in_window)}
-
-    def _additive(self, allowed: np.ndarray) -> torch.Tensor:
-        """(n, k) bool -> (1, 1, n, k) additive mask in the model's dtype."""
-        mask = torch.zeros(allowed.shape, dtype=self.dtype)
-        mask.masked_fill_(torch.from_numpy(~allowed), torch.finfo(self.dtype).min)
-        return mask[None, None].to(self.device)
+        key_pos = torch.cat([torch.arange(past_len, device=positions.device), positions])
+        outside = (positions[:, None] - key_pos[None, :]) >= self._window
+        return {"full_attention": full, "sliding_attention": full.masked_fill(outside, lowest)}
 
 
 def validate_prompt(input_ids: torch.Tensor, max_new_tokens: int, vocab_size: int, limit: int | None) -> None:

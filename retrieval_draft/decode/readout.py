@@ -1,0 +1,88 @@
+"""A step's verification with one device -> host read for all its trees.
+
+After the tree forward the step needs, per tree, the model's pick at the
+nodes it walks (greedy or sampled) and whatever tree-observing drafters
+record (the recycling table's top-k). On a GPU each of those read
+separately is a round trip that waits for the stream. ``read_verdicts``
+computes them all on the device (``verify.greedy_choices`` /
+``sampling_choices``, ``Drafter.tree_request``), concatenates them into
+one int32 tensor, reads it with ``transfer.to_host`` once, and only then
+walks the trees and hands each drafter its columns.
+
+On CPU a read is free and the node-by-node walk processes only the nodes
+it visits, so where a logits processor or sampling is involved the engines
+keep ``verify_greedy`` / ``verify_sampling`` there (``walks_on_host``);
+plain greedy takes this module's path on every device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from retrieval_draft.decode.tree import DraftTree
+from retrieval_draft.decode.verify import LogitsProcessor, Verdict, greedy_choices, has_processor, sampling_choices, walk
+from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.target.transfer import to_host
+
+
+@dataclass(frozen=True)
+class TreeJob:
+    """One tree to verify.
+
+    Attributes:
+        tree: n nodes.
+        logits: (n, V) the model's raw logits at every node, on the model's device.
+        prefix: (L,) int64 host ids through the root (what a processor sees before the path).
+        generator: the sampling stream (None: torch's global one; unused when greedy).
+        observers: drafters that record the tree (``observes_trees``).
+    """
+
+    tree: DraftTree
+    logits: torch.Tensor
+    prefix: np.ndarray
+    generator: torch.Generator | None = None
+    observers: Sequence[Drafter] = ()
+
+
+def walks_on_host(device: torch.device, do_sample: bool, processor: LogitsProcessor | None) -> bool:
+    """Whether to verify node by node (``verify_greedy`` / ``verify_sampling``) instead of
+    ``read_verdicts``: on CPU, when sampling or processing (there the lazy walk does less work)."""
+    return device.type == "cpu" and (do_sample or has_processor(processor))
+
+
+def read_verdicts(jobs: Sequence[TreeJob], processor: LogitsProcessor | None, do_sample: bool) -> list[Verdict]:
+    """Verify every job's tree with ONE host read; feed each job's observers from the same read.
+
+    Greedy verdicts equal ``verify_greedy``'s; sampled ones equal ``verify_sampling``'s with the
+    same generator state, which is left as ``verify_sampling`` leaves it.
+    """
+    blocks, rewinds, widths = [], [], []
+    for job in jobs:
+        if do_sample:
+            choices, rewind = sampling_choices(job.tree, job.logits, processor, job.prefix, job.generator)
+        else:
+            choices, rewind = greedy_choices(job.tree, job.logits, processor, job.prefix), None
+        requests = [observer.tree_request(job.logits) for observer in job.observers]
+        columns = [choices.to(torch.int32)[:, None], *requests]
+        blocks.append(torch.cat(columns, dim=1).reshape(-1) if requests else columns[0].reshape(-1))
+        rewinds.append(rewind)
+        widths.append([request.shape[1] for request in requests])
+    host = to_host(blocks[0] if len(blocks) == 1 else torch.cat(blocks))
+    verdicts, offset = [], 0
+    for job, rewind, width in zip(jobs, rewinds, widths):
+        n, total = job.tree.size, 1 + sum(width)
+        block = host[offset : offset + n * total].reshape(n, total)
+        offset += n * total
+        verdict = walk(job.tree, block[:, 0])
+        if rewind is not None:
+            rewind(int(verdict.accepted.shape[0]))
+        column = 1
+        for observer, count in zip(job.observers, width):
+            observer.tree_receive(job.tree.tokens, block[:, column : column + count])
+            column += count
+        verdicts.append(verdict)
+    return verdicts

@@ -1,0 +1,30 @@
+"""tools.gpu_check runs on CPU in seconds, and neither it nor the runtime needs datrie or gguf to import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tools.gpu_check import main
+
+
+def test_a_quick_cpu_run_writes_equal_outputs_and_a_cost_curve(tmp_path):
+    code = main(["--device", "cpu", "--quick", "--archs", "llama,gemma3", "--out", str(tmp_path)])
+    equality = json.loads((tmp_path / "equality.json").read_text())
+    cost = json.loads((tmp_path / "cost.json").read_text())
+    assert code == 0 and equality["device"].startswith("cpu")
+    runs = {(model, dtype): r for model, by in equality["results"].items() for dtype, r in by.items() if dtype != "skipped"}
+    assert set(runs) == {(m, d) for m in ("llama", "gemma3") for d in ("float32", "bfloat16")}
+    assert all(run["identical"] and run["device"] == "cpu" and run["steps"] > 0 for r in runs.values() for run in r)
+    curve = cost["ms_by_new_tokens"]["tiny_llama/float32"]
+    assert set(curve) == {"1", "2", "4", "8"} and all(ms > 0 for ms in curve.values())
+
+
+def test_the_tool_and_the_runtime_import_without_datrie_or_gguf():
+    probe = (
+        "import sys, tools.gpu_check, retrieval_draft, retrieval_draft.target.tree_model, retrieval_draft.planning.cost; "
+        "print(sorted(m for m in ('datrie', 'gguf') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
