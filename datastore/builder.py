@@ -35,7 +35,8 @@ def store_manifest(tmp: Path, tokens: np.ndarray, header: dict, params: IndexPar
     vocab_size = header["vocab_size"]
     index_stats = dict(index_stats)
     storage = {"dtype": tokens.dtype.name, "separator_id": separator_id(tokens.dtype),
-               "trie_key_width": key_width(vocab_size), "count_dtype": index_stats.pop("count_dtype")}
+               "trie_key_width": key_width(vocab_size), "count_dtype": index_stats.pop("count_dtype"),
+               "position_bits": index_stats.pop("position_bits")}
     body = {
         "format_version": FORMAT_VERSION,
         "tokenizer": {"fingerprint": header["fingerprint"], "vocab_size": vocab_size},

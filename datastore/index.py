@@ -2,7 +2,9 @@
 
 Input is the whole stream (shape (T,), uint16/uint32, separator-terminated
 documents); output is the data files of ``retrieval_draft.store.layout`` written into a
-directory. Memory peaks at about 20 bytes per token during the sort.
+directory. Memory peaks at about 30 bytes per token of the biggest first-token
+bucket during the sort, plus 10 bytes per token for the stream, suffix array,
+rank and per-row arrays.
 
 The work after the sort splits by key range of the suffix array
 (``index_part``): a context of n >= 1 tokens is one contiguous group that
@@ -25,10 +27,10 @@ import numpy as np
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.store.arrow_io import write_table
 from retrieval_draft.store.layout import MAX_STORED_TOTAL, NGRAM, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE, count_dtype
+from retrieval_draft.store.packed import pack_positions, position_bits
 from retrieval_draft.store.suffix_trie import build_trie, encode_rows, key_width
-from retrieval_draft_datastore.kernels_count import capped_lcp, count_ngrams, trie_ranges, valid_lengths
+from retrieval_draft_datastore.kernels_count import count_ngrams, trie_ranges
 from retrieval_draft_datastore.kernels_sort import sort_suffixes
-from retrieval_draft_datastore.prune import prune_ngrams
 
 
 @dataclass(frozen=True)
@@ -38,10 +40,13 @@ class IndexParams:
     Attributes:
         max_order: longest Markov context, in tokens (1..15).
         top_k: next tokens kept per context.
-        min_count: contexts with fewer continuations are dropped (orders >= 2).
+        min_count: contexts with fewer continuations never draft.
         sort_depth: tokens the suffix array is sorted by = longest suffix match.
         trie_depth: longest n-gram keyed in the suffix trie.
         trie_min_count: n-grams of order >= 2 enter the trie from this many occurrences.
+        table_min_total: contexts with at least this many continuations are stored in the
+            n-gram table; rarer ones are counted from the suffix array when drafting (at most
+            this many rows read), which keeps the table small.
     """
 
     max_order: int = 4
@@ -49,15 +54,16 @@ class IndexParams:
     min_count: int = 2
     sort_depth: int = 16
     trie_depth: int = 2
-    trie_min_count: int = 8
+    trie_min_count: int = 64
+    table_min_total: int = 64
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_order < self.sort_depth <= 255:
             raise InvalidInputError("need 1 <= max_order < sort_depth <= 255")
         if not 1 <= self.trie_depth <= self.sort_depth:
             raise InvalidInputError("need 1 <= trie_depth <= sort_depth")
-        if self.top_k < 1 or self.min_count < 1 or self.trie_min_count < 1:
-            raise InvalidInputError("top_k, min_count and trie_min_count must be >= 1")
+        if self.top_k < 1 or self.min_count < 1 or self.trie_min_count < 1 or self.table_min_total < 1:
+            raise InvalidInputError("top_k, min_count, trie_min_count and table_min_total must be >= 1")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,18 +90,19 @@ class PartIndex:
     dep: np.ndarray
 
 
-def index_part(tokens: np.ndarray, sa_part: np.ndarray, vlen: np.ndarray, params: IndexParams,
+def index_part(tokens: np.ndarray, sa_part: np.ndarray, lcp: np.ndarray, svl: np.ndarray, params: IndexParams,
                threads: int = 1) -> PartIndex:
-    """Count the n-grams and trie keys of ``sa_part``, a run of the suffix array holding whole
-    first-token groups; ``vlen = valid_lengths(tokens, sep, params.lcp_cap)``.
+    """Count the table's n-grams and the trie keys of ``sa_part``, a run of the suffix array
+    holding whole first-token groups, with its per-row ``lcp``/``svl`` capped at
+    ``params.lcp_cap`` (see ``kernels_count``).
 
     ``threads``: the orders and the trie ranges are independent scans (Numba, GIL released),
     run on this many threads.
     """
-    lcp = capped_lcp(tokens, sa_part, vlen, params.lcp_cap)
-    jobs = [lambda n=n: count_ngrams(tokens, sa_part, lcp, vlen, n, params.top_k, params.min_count)
+    table_min = max(params.min_count, params.table_min_total)
+    jobs = [lambda n=n: count_ngrams(tokens, sa_part, lcp, svl, n, params.top_k, table_min)
             for n in range(params.max_order, 0, -1)]  # longest first: the slowest scans start first
-    jobs.append(lambda: trie_ranges(sa_part, lcp, vlen, params.trie_depth, params.trie_min_count))
+    jobs.append(lambda: trie_ranges(lcp, svl, params.trie_depth, params.trie_min_count))
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         results = list(pool.map(lambda job: job(), jobs))
     lo, hi, dep = results[-1]
@@ -144,29 +151,50 @@ def _concat_parts(parts: list[PartIndex], sizes: list[int], max_order: int) -> t
     return per_order, lo, hi, np.concatenate([p.dep for p in parts])
 
 
+def _range_rows(first: np.ndarray, lo: np.ndarray, hi: np.ndarray, dep: np.ndarray, vocab_size: int) -> tuple:
+    """Rows of suffix_ranges for the trie keys (lo/hi/dep (K,), keys in sorted order, ``first``
+    (K,) their first ids): the range of every id's first-token bucket at row = id (empty for
+    ids absent from the corpus), then the longer keys. Returns (row per key (K,) int64,
+    range lo (vocab_size + longer,) uint32, range hi)."""
+    single = dep == 1
+    sizes = np.zeros(vocab_size, np.int64)
+    sizes[first[single]] = hi[single].astype(np.int64) - lo[single]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    if not np.array_equal(starts[first[single]], lo[single]):
+        raise AssertionError("first-token buckets are not contiguous in id order")
+    rows = np.empty(lo.size, np.int64)
+    rows[single] = first[single]
+    rows[~single] = vocab_size + np.arange(int((~single).sum()))
+    range_lo = np.concatenate([starts[:-1], lo[~single]]).astype(np.uint32)
+    range_hi = np.concatenate([starts[1:], hi[~single]]).astype(np.uint32)
+    return rows, range_lo, range_hi
+
+
 def write_parts(directory: Path, tokens: np.ndarray, sa: np.ndarray, parts: list[PartIndex], sizes: list[int],
                 vocab_size: int, params: IndexParams) -> dict:
     """Write every data file of a datastore from the stream, its suffix array and the counted parts
-    (``sizes[p]`` = suffix-array rows of part p). Returns the count dtype's name, contexts per
-    order (kept and counted), trie keys, seconds."""
+    (``sizes[p]`` = suffix-array rows of part p). Returns the count dtype's name, the position
+    width, the table's contexts per order, trie keys, seconds."""
+    start = time.perf_counter()
+    per_order, lo, hi, dep = _concat_parts(parts, sizes, params.max_order)
+    firsts = sa[lo].astype(np.int64)[:, None] + np.arange(params.trie_depth)[None, :]
+    key_ids = tokens[np.minimum(firsts, tokens.size - 1)]
+    rows, lo, hi = _range_rows(key_ids[:, 0], lo, hi, dep, vocab_size)
+    build_trie(encode_rows(key_ids, dep, key_width(vocab_size)), rows, directory / TRIE)
+    trie_seconds = time.perf_counter() - start
     start = time.perf_counter()
     write_table(directory / TOKENS, {"token": tokens})
-    write_table(directory / SUFFIX_ARRAY, {"pos": sa})
-    per_order, lo, hi, dep = _concat_parts(parts, sizes, params.max_order)
-    counted = [int(len(t[3])) for t in per_order]
-    per_order = prune_ngrams(per_order)
+    bits = position_bits(tokens.size)
+    write_table(directory / SUFFIX_ARRAY, {"word": pack_positions(sa, bits)})
     columns = _ngram_columns(per_order, params.max_order, tokens.dtype)
     write_table(directory / NGRAM, columns)
     write_table(directory / SUFFIX_RANGES, {"lo": lo, "hi": hi})
-    firsts = sa[lo].astype(np.int64)[:, None] + np.arange(params.trie_depth)[None, :]
-    key_ids = tokens[np.minimum(firsts, tokens.size - 1)]
-    build_trie(encode_rows(key_ids, dep, key_width(vocab_size)), directory / TRIE)
     return {
         "count_dtype": columns["total"].dtype.name,
+        "position_bits": bits,
         "contexts_per_order": [int(len(t[3])) for t in per_order],
-        "contexts_counted_per_order": counted,
-        "trie_keys": int(lo.size),
-        "index_seconds": {"write": round(time.perf_counter() - start, 3)},
+        "trie_keys": int(rows.size),
+        "index_seconds": {"trie": round(trie_seconds, 3), "write": round(time.perf_counter() - start, 3)},
     }
 
 
@@ -176,10 +204,10 @@ def write_index(directory: Path, tokens: np.ndarray, vocab_size: int, sep: int, 
     Returns statistics: contexts per order, trie keys, seconds per phase.
     """
     start = time.perf_counter()
-    sa = sort_suffixes(tokens, params.sort_depth, sep)
+    sa, lcp, svl = sort_suffixes(tokens, params.sort_depth, sep, params.lcp_cap)
     sort_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    part = index_part(tokens, sa, valid_lengths(tokens, sep, params.lcp_cap), params, threads=os.cpu_count() or 1)
+    part = index_part(tokens, sa, lcp, svl, params, threads=os.cpu_count() or 1)
     count_seconds = time.perf_counter() - start
     stats = write_parts(directory, tokens, sa, [part], [sa.size], vocab_size, params)
     stats["index_seconds"] = {"sort": round(sort_seconds, 3), "count": round(count_seconds, 3),

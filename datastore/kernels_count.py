@@ -2,8 +2,12 @@
 
 In the sorted array every context (n tokens) is one contiguous group and,
 inside it, each next token is one contiguous run, so counting is a linear
-scan over capped longest-common-prefix values. Counts never cross a
-separator: ``vlen[i]`` is the number of non-separator tokens from position i.
+scan over two per-row arrays: ``lcp[j]``, the separator-free common prefix
+of rows j-1 and j, and ``svl[j]``, the separator-free length of row j's
+suffix, both capped (``kernels_sort`` yields them with the sort; for merged
+rows ``capped_lcp`` and ``valid_lengths`` compute them). Counts never cross
+a separator. The scans read the stream only at the start of each run of a
+group they keep.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ def _group_end(lcp: np.ndarray, start: int, n_tokens: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _top_runs(tokens, sa, lcp, vlen, g0, g1, n, top_k, out_tok, out_cnt) -> int:
+def _top_runs(tokens, sa, lcp, svl, g0, g1, n, top_k, out_tok, out_cnt) -> int:
     """Top-k next tokens (by count, then id) of the order-n group [g0, g1); returns their total."""
     for k in range(top_k):
         out_tok[k] = 0
@@ -61,7 +65,7 @@ def _top_runs(tokens, sa, lcp, vlen, g0, g1, n, top_k, out_tok, out_cnt) -> int:
     total = 0
     j = g0
     while j < g1:
-        if vlen[sa[j]] <= n:  # next token is a separator: these sort last in the group
+        if svl[j] <= n:  # next token is a separator: these sort last in the group
             break
         end = j + 1
         while end < g1 and lcp[end] >= n + 1:
@@ -82,7 +86,7 @@ def _top_runs(tokens, sa, lcp, vlen, g0, g1, n, top_k, out_tok, out_cnt) -> int:
 
 
 @njit(cache=True, nogil=True)
-def scan_order(tokens, sa, lcp, vlen, n, top_k, min_count, ctx, nxt, cnt, tot, fill) -> int:
+def scan_order(tokens, sa, lcp, svl, n, top_k, min_count, ctx, nxt, cnt, tot, fill) -> int:
     """Rows of the order-n Markov table: contexts with >= min_count continuations.
 
     With ``fill`` the rows are written: ctx (R, n) context ids, nxt/cnt (R, top_k)
@@ -95,11 +99,14 @@ def scan_order(tokens, sa, lcp, vlen, n, top_k, min_count, ctx, nxt, cnt, tot, f
     j = 0
     size = sa.size
     while j < size:
-        if vlen[sa[j]] < n:
+        if svl[j] < n:
             j += 1
             continue
         end = _group_end(lcp, j, n)
-        total = _top_runs(tokens, sa, lcp, vlen, j, end, n, top_k, buf_tok, buf_cnt)
+        if end - j < min_count:  # the group's size bounds its continuations: skip without reading
+            j = end
+            continue
+        total = _top_runs(tokens, sa, lcp, svl, j, end, n, top_k, buf_tok, buf_cnt)
         if total >= min_count and total > 0:
             if fill:
                 p = sa[j]
@@ -115,7 +122,7 @@ def scan_order(tokens, sa, lcp, vlen, n, top_k, min_count, ctx, nxt, cnt, tot, f
 
 
 @njit(cache=True, nogil=True)
-def prefix_ranges(sa, lcp, vlen, depth, min_count, lo, hi, dep, fill) -> int:
+def prefix_ranges(lcp, svl, depth, min_count, lo, hi, dep, fill) -> int:
     """Suffix-array ranges of every n-gram, n = 1..depth, in lexicographic key order.
 
     An n-gram of order >= 2 is kept when it occurs >= min_count times; every
@@ -123,10 +130,10 @@ def prefix_ranges(sa, lcp, vlen, depth, min_count, lo, hi, dep, fill) -> int:
     Parents precede their extensions, so keys come out sorted. Returns R.
     """
     rows = 0
-    size = sa.size
+    size = lcp.size
     for j in range(size):
         for d in range(1, depth + 1):
-            if vlen[sa[j]] < d or (j > 0 and lcp[j] >= d):
+            if svl[j] < d or (j > 0 and lcp[j] >= d):
                 continue
             end = _group_end(lcp, j, d)
             if d == 1 or end - j >= min_count:
@@ -138,25 +145,26 @@ def prefix_ranges(sa, lcp, vlen, depth, min_count, lo, hi, dep, fill) -> int:
     return rows
 
 
-def count_ngrams(tokens, sa, lcp, vlen, order, top_k, min_count):
-    """The order-n table as numpy arrays (ctx (R, n), nxt (R, K), cnt (R, K) uint32, tot (R,) uint32)."""
+def count_ngrams(tokens, sa, lcp, svl, order, top_k, min_count):
+    """The order-n table as numpy arrays (ctx (R, n), nxt (R, K), cnt (R, K) uint32, tot (R,) uint32):
+    every context with >= ``min_count`` continuations."""
     dummy2 = np.zeros((0, 0), np.int64)
     dummy1 = np.zeros(0, np.int64)
-    rows = scan_order(tokens, sa, lcp, vlen, order, top_k, min_count, dummy2, dummy2, dummy2, dummy1, False)
+    rows = scan_order(tokens, sa, lcp, svl, order, top_k, min_count, dummy2, dummy2, dummy2, dummy1, False)
     ctx = np.zeros((rows, order), tokens.dtype)
     nxt = np.zeros((rows, top_k), tokens.dtype)
     cnt = np.zeros((rows, top_k), np.uint32)
     tot = np.zeros(rows, np.uint32)
-    scan_order(tokens, sa, lcp, vlen, order, top_k, min_count, ctx, nxt, cnt, tot, True)
+    scan_order(tokens, sa, lcp, svl, order, top_k, min_count, ctx, nxt, cnt, tot, True)
     return ctx, nxt, cnt, tot
 
 
-def trie_ranges(sa, lcp, vlen, depth, min_count):
+def trie_ranges(lcp, svl, depth, min_count):
     """Rows for the suffix trie: (lo (R,) uint32, hi (R,) uint32, dep (R,) uint8), keys sorted."""
     dummy = np.zeros(0, np.int64)
-    rows = prefix_ranges(sa, lcp, vlen, depth, min_count, dummy, dummy, dummy, False)
+    rows = prefix_ranges(lcp, svl, depth, min_count, dummy, dummy, dummy, False)
     lo = np.zeros(rows, np.uint32)
     hi = np.zeros(rows, np.uint32)
     dep = np.zeros(rows, np.uint8)
-    prefix_ranges(sa, lcp, vlen, depth, min_count, lo, hi, dep, True)
+    prefix_ranges(lcp, svl, depth, min_count, lo, hi, dep, True)
     return lo, hi, dep

@@ -26,9 +26,9 @@ import sys
 import numpy as np
 
 from retrieval_draft_datastore.index import IndexParams, PartIndex, index_part
-from retrieval_draft_datastore.kernels_count import valid_lengths
+from retrieval_draft_datastore.kernels_count import capped_lcp, valid_lengths
 from retrieval_draft_datastore.kernels_merge import first_token_bounds, merge_runs
-from retrieval_draft_datastore.kernels_sort import effective_depth, sort_suffixes
+from retrieval_draft_datastore.kernels_sort import sort_suffixes
 
 TASK_RETRIES = 3
 
@@ -48,7 +48,7 @@ def range_cuts(tokens: np.ndarray, vocab_size: int, sep: int, ranges: int) -> np
 
 def sort_shard(tokens: np.ndarray, start: int, end: int, depth: int, sep: int, cuts: np.ndarray) -> list[np.ndarray]:
     """Global positions start..end-1 sorted (``sort_suffixes`` on the shard), cut into len(cuts) pieces."""
-    local = sort_suffixes(tokens[start:end], depth, sep)
+    local, _, _ = sort_suffixes(tokens[start:end], depth, sep)
     positions = (local.astype(np.int64) + start).astype(np.uint32)
     bounds = list(first_token_bounds(tokens, positions, cuts)) + [positions.size]
     return [positions[bounds[p] : bounds[p + 1]] for p in range(len(cuts))]
@@ -56,9 +56,10 @@ def sort_shard(tokens: np.ndarray, start: int, end: int, depth: int, sep: int, c
 
 def index_range(tokens: np.ndarray, vlen: np.ndarray, depth: int, sep: int, params: IndexParams,
                 *pieces: np.ndarray) -> tuple[np.ndarray, PartIndex]:
-    """(suffix-array rows of one first-token range, merged from every shard's piece; their counts)."""
-    rows = merge_runs(tokens, list(pieces), effective_depth(depth, tokens.dtype), sep)
-    return rows, index_part(tokens, rows, vlen, params)
+    """(suffix-array rows of one first-token range, merged from every shard's piece; their counts).
+    ``vlen = valid_lengths(tokens, sep, params.lcp_cap)``."""
+    rows = merge_runs(tokens, list(pieces), depth, sep)
+    return rows, index_part(tokens, rows, capped_lcp(tokens, rows, vlen, params.lcp_cap), vlen[rows], params)
 
 
 def index_on_ray(tokens: np.ndarray, shard_sizes: list[int], vocab_size: int, sep: int, params: IndexParams,

@@ -41,8 +41,9 @@ def test_build_writes_manifest_with_version_fingerprint_stats_and_checksums(tmp_
     assert on_disk["tokenizer"] == {"fingerprint": tokenizer_fingerprint(tokenizer), "vocab_size": len(tokenizer)}
     assert on_disk["stats"]["documents"] == 5 and on_disk["stats"]["tokens"] > 10000
     assert on_disk["params"] == IndexParams().to_dict()
+    bits = (on_disk["stats"]["tokens"] - 1).bit_length()  # the widest position
     assert on_disk["storage"] == {"dtype": "uint16", "separator_id": 65535, "trie_key_width": 2,  # 400 ids < 64**2
-                                  "count_dtype": "uint16"}  # every total < 65536
+                                  "count_dtype": "uint16", "position_bits": bits}  # every total < 65536
     for name in DATA_FILES:
         assert on_disk["files"][name]["sha256"] == file_sha256(tmp_path / "ds" / name)
     assert manifest["files"] == on_disk["files"]

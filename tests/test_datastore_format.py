@@ -1,5 +1,6 @@
-"""Format version 2: the suffix order is local to a document, n-gram rows equal to their parent
-are dropped, counts are narrow; drafts are exactly those of a version 1 store, which still opens."""
+"""Format version 3: positions packed at the bits the stream needs, only frequent contexts in
+the n-gram table (rarer ones counted from the suffix array); drafts are exactly those of version 2
+and version 1 stores of the same corpus, which still open."""
 
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ import retrieval_draft_datastore.index as index_module
 from retrieval_draft.drafters.ngram import NgramDrafter
 from retrieval_draft.drafters.suffix import SuffixDrafter
 from retrieval_draft.store.arrow_io import write_table
-from retrieval_draft.store.layout import MANIFEST, SUFFIX_ARRAY
+from retrieval_draft.store.layout import MANIFEST, NGRAM, SUFFIX_ARRAY, SUFFIX_RANGES, TRIE
 from retrieval_draft.store.manifest import write_manifest
 from retrieval_draft.store.reader import open_datastore
+from retrieval_draft.store.suffix_trie import build_trie, encode_rows
 from retrieval_draft_datastore.builder import build
-from retrieval_draft_datastore.kernels_sort import effective_depth, sort_suffixes
+from retrieval_draft_datastore.index import IndexParams
+from retrieval_draft_datastore.kernels_count import count_ngrams, trie_ranges
+from retrieval_draft_datastore.kernels_sort import sort_suffixes
 from retrieval_draft_datastore.sources import SourceOptions
 from tests.datastore_fixtures import bpe_tokenizer, stdlib_corpus
 
@@ -28,17 +32,16 @@ PY = SourceOptions(globs=("*.py",))
 def test_suffix_order_is_the_tokens_up_to_a_separator_then_the_position(dtype):
     rng = np.random.default_rng(3)
     sep = int(np.iinfo(dtype).max)
-    for depth in (3, 8, 16):
+    for depth in (3, 8, 12, 16):
         ids = rng.integers(0, 4, 600).astype(dtype)
         ids[rng.random(ids.size) < 0.05] = sep
         ids[-1] = sep
-        h = effective_depth(depth, dtype)
 
         def key(p):
-            window = ids[p : p + h].tolist()
+            window = ids[p : p + depth].tolist()
             return (window[: window.index(sep) + 1] if sep in window else window), p
 
-        assert sort_suffixes(ids, depth, sep).tolist() == sorted(range(ids.size), key=key)
+        assert sort_suffixes(ids, depth, sep)[0].tolist() == sorted(range(ids.size), key=key)
 
 
 def _version1_order(tokens: np.ndarray, depth: int) -> np.ndarray:
@@ -47,53 +50,75 @@ def _version1_order(tokens: np.ndarray, depth: int) -> np.ndarray:
     return np.array(sorted(range(tokens.size), key=lambda p: (padded[p : p + depth].tolist(), p)), np.uint32)
 
 
+def _rewrite_as(directory: Path, version: int, order: np.ndarray) -> None:
+    """Turn a v3 store into an older one: plain positions in ``order``, a table of EVERY
+    context with >= min_count continuations and trie rows in key order (what v1 and v2 stores hold)."""
+    store = open_datastore(directory)
+    tokens = np.array(store.tokens)
+    params = IndexParams(**store.manifest["params"])
+    sa, lcp, svl = sort_suffixes(tokens, params.sort_depth, store.separator, params.lcp_cap)
+    per_order = [count_ngrams(tokens, sa, lcp, svl, n, params.top_k, params.min_count)
+                 for n in range(1, params.max_order + 1)]
+    columns = index_module._ngram_columns(per_order, params.max_order, tokens.dtype)
+    lo, hi, dep = trie_ranges(lcp, svl, params.trie_depth, params.trie_min_count)
+    key_ids = tokens[np.minimum(sa[lo].astype(np.int64)[:, None] + np.arange(params.trie_depth), tokens.size - 1)]
+    build_trie(encode_rows(key_ids, dep, store.key_width), np.arange(lo.size), directory / TRIE)  # row = key order
+    write_table(directory / SUFFIX_RANGES, {"lo": lo, "hi": hi})
+    if version == 1:
+        columns["count"], columns["total"] = columns["count"].astype(np.uint32), columns["total"].astype(np.uint32)
+    write_table(directory / NGRAM, columns)
+    write_table(directory / SUFFIX_ARRAY, {"pos": order})
+    body = json.loads((directory / MANIFEST).read_text())
+    body["format_version"] = version
+    del body["storage"]["position_bits"], body["files"], body["manifest_sha256"]
+    if version == 1:
+        body["storage"]["count_dtype"] = "uint32"
+    write_manifest(directory, body)
+
+
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory) -> tuple[Path, Path, list[np.ndarray]]:
-    """(a version 2 store, the same corpus as a version 1 store, some contexts) built from stdlib files."""
+def stores(tmp_path_factory) -> tuple[dict[int, Path], list[np.ndarray]]:
+    """({version: store} of one stdlib corpus, some contexts); v3 with a table threshold that
+    sends most contexts to the suffix array."""
     root = tmp_path_factory.mktemp("format")
     corpus = stdlib_corpus(root / "py")
     tokenizer = bpe_tokenizer([p.read_text() for p in sorted(corpus.glob("*.py"))])
-    build([str(corpus)], root / "v2", tokenizer, options=PY, progress=False)
-    patch = pytest.MonkeyPatch()
-    patch.setattr(index_module, "prune_ngrams", lambda per_order: per_order)
-    patch.setattr(index_module, "narrow_counts", lambda count, total: (count, total))  # uint32, as in v1
-    build([str(corpus)], root / "v1", tokenizer, options=PY, progress=False)
-    patch.undo()
-    old = open_datastore(root / "v1")
-    write_table(root / "v1" / SUFFIX_ARRAY, {"pos": _version1_order(np.asarray(old.tokens), 16)})
-    body = json.loads((root / "v1" / MANIFEST).read_text())
-    body["format_version"] = 1
-    del body["storage"]["count_dtype"], body["files"], body["manifest_sha256"]
-    write_manifest(root / "v1", body)
-    tokens = np.asarray(old.tokens, np.int64)
-    contexts = [tokens[max(0, e - 40) : e] for e in range(3, tokens.size, 97)]  # some span a separator
-    return root / "v2", root / "v1", contexts
+    for version in (1, 2, 3):
+        build([str(corpus)], root / f"v{version}", tokenizer, options=PY, params=IndexParams(table_min_total=16),
+              progress=False)
+    tokens = np.array(open_datastore(root / "v3").tokens)
+    _rewrite_as(root / "v2", 2, open_datastore(root / "v3").suffix_array())
+    _rewrite_as(root / "v1", 1, _version1_order(tokens, 16))
+    contexts = [tokens[max(0, e - 40) : e].astype(np.int64) for e in range(3, tokens.size, 97)]  # some span a separator
+    return {v: root / f"v{v}" for v in (1, 2, 3)}, contexts
 
 
 def _drafts(drafter, contexts):
     return [[(d.tokens.tolist(), d.probs.tolist()) for d in drafter.propose(c, 12)] for c in contexts]
 
 
-def test_version_1_stores_still_open_and_draft_exactly_like_version_2(stores):
-    new, old, contexts = stores
-    v2, v1 = open_datastore(new), open_datastore(old)
-    assert (v1.manifest["format_version"], v2.manifest["format_version"]) == (1, 2)
+def test_version_1_and_2_stores_still_open_and_draft_exactly_like_version_3(stores):
+    paths, contexts = stores
+    opened = {v: open_datastore(p) for v, p in paths.items()}
+    assert [opened[v].manifest["format_version"] for v in (1, 2, 3)] == [1, 2, 3]
+    assert opened[3].position_bits < 32 and not opened[3].ngrams.complete and opened[2].ngrams.complete
     assert len(contexts) > 100
-    assert _drafts(NgramDrafter(v2), contexts) == _drafts(NgramDrafter(v1), contexts)
-    assert _drafts(SuffixDrafter(v2), contexts) == _drafts(SuffixDrafter(v1), contexts)
+    expected = _drafts(NgramDrafter(opened[3]), contexts)
+    assert sum(len(d) > 0 for d in expected) > len(contexts) // 2
+    for v in (1, 2):
+        assert _drafts(NgramDrafter(opened[v]), contexts) == expected
+        assert _drafts(SuffixDrafter(opened[v]), contexts) == _drafts(SuffixDrafter(opened[3]), contexts)
 
 
-def test_version_2_spends_fewer_bytes_per_token(stores):
-    new, old, _ = stores
-    numbers = {}
-    for name, path in (("v2", new), ("v1", old)):
-        manifest = open_datastore(path).manifest
-        files = manifest["files"]
-        numbers[name] = (sum(f["bytes"] for f in files.values()) / manifest["stats"]["tokens"],
-                         files["ngram.arrow"]["bytes"], manifest["stats"]["contexts_per_order"])
-    (v2_total, v2_ngram, v2_rows), (v1_total, v1_ngram, v1_rows) = numbers["v2"], numbers["v1"]
-    assert v2_rows[0] == v1_rows[0] and all(a <= b for a, b in zip(v2_rows, v1_rows)) and sum(v2_rows) < sum(v1_rows)
-    assert v2_ngram < 0.6 * v1_ngram and v2_total < v1_total
+def test_version_3_keeps_only_frequent_contexts_and_packs_positions(stores):
+    paths, _ = stores
+    v3, v2 = open_datastore(paths[3]), open_datastore(paths[2])
+    assert np.array_equal(v3.suffix_array(), v2.suffix_array())
+    assert v3.position_bits == max(1, (v3.tokens.size - 1).bit_length())
+    files3, files2 = v3.manifest["files"], v2.manifest["files"]
+    assert files3[SUFFIX_ARRAY]["bytes"] < files2[SUFFIX_ARRAY]["bytes"] * (v3.position_bits + 1) / 32
+    assert files3[NGRAM]["bytes"] < 0.5 * files2[NGRAM]["bytes"]
+    assert int(v3.ngrams.total.min()) >= 16 and int(v2.ngrams.total.min()) < 16
 
 
 def test_counts_beyond_16_bits_are_scaled_within_a_few_1e_5_of_every_probability():

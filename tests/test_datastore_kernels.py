@@ -32,7 +32,7 @@ def test_suffix_array_is_sorted_permutation_up_to_depth(dtype):
     rng = np.random.default_rng(1)
     for _ in range(30):
         ids, sep = _random_stream(rng, int(rng.integers(1, 400)), 5, dtype)
-        sa = sort_suffixes(ids, 8, int(ids[-1]))
+        sa = sort_suffixes(ids, 8, int(ids[-1]))[0]
         assert sorted(sa.tolist()) == list(range(ids.size))
         keys = [_until_sep(ids[p : p + 8], sep) for p in sa]
         assert keys == sorted(keys)
@@ -43,8 +43,25 @@ def test_suffix_sort_is_deterministic_and_dtype_independent():
     ids16, _ = _random_stream(rng, 3000, 3, np.uint16)
     ids32 = ids16.astype(np.uint32)
     ids32[ids16 == separator_id(np.uint16)] = separator_id(np.uint32)
-    assert np.array_equal(sort_suffixes(ids16, 16, int(ids16[-1])), sort_suffixes(ids16, 16, int(ids16[-1])))
-    assert np.array_equal(sort_suffixes(ids16, 16, int(ids16[-1])), sort_suffixes(ids32, 16, int(ids32[-1])))
+    first = sort_suffixes(ids16, 16, int(ids16[-1]), 5)
+    for again in (sort_suffixes(ids16, 16, int(ids16[-1]), 5), sort_suffixes(ids32, 16, int(ids32[-1]), 5)):
+        assert all(np.array_equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+@pytest.mark.parametrize("depth", [2, 5, 9, 12, 16, 24])
+def test_the_sort_yields_the_capped_prefix_arrays_the_counting_scans(dtype, depth):
+    """Every sort path (window only, rank round, deeper windows) returns lcp/svl equal to a direct scan."""
+    rng = np.random.default_rng(depth)
+    ids, sep = _random_stream(rng, 4000, 3, dtype)
+    for cap in (1, 3, 5, 9):
+        if cap > depth:
+            continue
+        sa, lcp, svl = sort_suffixes(ids, depth, sep, cap)
+        vlen = valid_lengths(ids, sep, cap)
+        assert np.array_equal(lcp, capped_lcp(ids, sa, vlen, cap)) and np.array_equal(svl, vlen[sa])
+        keys = [(_until_sep(ids[p : p + depth], sep), p) for p in sa.tolist()]
+        assert keys == sorted(keys)
 
 
 def _reference_counts(ids, sep, n):
@@ -60,11 +77,9 @@ def _reference_counts(ids, sep, n):
 def test_ngram_counts_match_a_python_counter_and_never_cross_separators(dtype):
     rng = np.random.default_rng(3)
     ids, sep = _random_stream(rng, 5000, 6, dtype)
-    sa = sort_suffixes(ids, 8, int(ids[-1]))
-    vlen = valid_lengths(ids, sep, 5)
-    lcp = capped_lcp(ids, sa, vlen, 5)
+    sa, lcp, svl = sort_suffixes(ids, 8, int(ids[-1]), 5)
     for n in (1, 2, 3, 4):
-        ctx, nxt, cnt, tot = count_ngrams(ids, sa, lcp, vlen, n, 3, 1)
+        ctx, nxt, cnt, tot = count_ngrams(ids, sa, lcp, svl, n, 3, 1)
         ref = _reference_counts(ids, sep, n)
         assert len(ctx) == len(ref)
         for row in range(len(ctx)):
@@ -77,20 +92,16 @@ def test_ngram_counts_match_a_python_counter_and_never_cross_separators(dtype):
 
 def test_min_count_drops_rare_contexts():
     ids = np.array([1, 2, 3, 1, 2, 4, 5, 6, 65535], np.uint16)
-    sa = sort_suffixes(ids, 8, int(ids[-1]))
-    vlen = valid_lengths(ids, 65535, 3)
-    lcp = capped_lcp(ids, sa, vlen, 3)
-    ctx, _, _, tot = count_ngrams(ids, sa, lcp, vlen, 2, 4, 2)
+    sa, lcp, svl = sort_suffixes(ids, 8, int(ids[-1]), 3)
+    ctx, _, _, tot = count_ngrams(ids, sa, lcp, svl, 2, 4, 2)
     assert ctx.tolist() == [[1, 2]] and tot.tolist() == [2]
 
 
 def test_trie_ranges_cover_every_occurrence_in_sorted_key_order():
     rng = np.random.default_rng(4)
     ids, sep = _random_stream(rng, 2000, 4, np.uint16)
-    sa = sort_suffixes(ids, 8, int(ids[-1]))
-    vlen = valid_lengths(ids, sep, 3)
-    lcp = capped_lcp(ids, sa, vlen, 3)
-    lo, hi, dep = trie_ranges(sa, lcp, vlen, 3, 1)
+    sa, lcp, svl = sort_suffixes(ids, 8, int(ids[-1]), 3)
+    lo, hi, dep = trie_ranges(lcp, svl, 3, 1)
     keys = [tuple(ids[sa[a] : sa[a] + d].tolist()) for a, d in zip(lo, dep)]
     assert keys == sorted(keys) and len(set(keys)) == len(keys)
     for key, a, b in zip(keys, lo, hi):
@@ -101,7 +112,7 @@ def test_trie_ranges_cover_every_occurrence_in_sorted_key_order():
 def test_uint32_storage_keeps_ids_above_65535_untruncated(tmp_path):
     assert token_dtype(65535) == np.uint16 and token_dtype(65536) == np.uint32
     big = np.array([70000, 262143, 5, 70000, 262143, 6, 4294967295], np.uint32)
-    params = IndexParams(max_order=2, top_k=2, min_count=1, sort_depth=4, trie_depth=2)
+    params = IndexParams(max_order=2, top_k=2, min_count=1, sort_depth=4, trie_depth=2, table_min_total=1)
     stats = write_index(tmp_path, big, 262144, separator_id(np.uint32), params)
     import pyarrow as pa
 

@@ -110,6 +110,7 @@ def test_a_failed_ray_build_leaves_the_old_store_and_raises_one_line(runtime, tm
 
 
 def test_shards_merge_to_the_single_sort_for_any_cut(runtime):
+    from retrieval_draft_datastore.kernels_count import valid_lengths
     from retrieval_draft_datastore.kernels_sort import sort_suffixes
     from retrieval_draft_datastore.ray_index import index_range, range_cuts, sort_shard
 
@@ -119,6 +120,6 @@ def test_shards_merge_to_the_single_sort_for_any_cut(runtime):
     tokens[[999, 2499, -1]] = 65535  # shard ends
     cuts = range_cuts(tokens, 6, 65535, 4)
     pieces = [sort_shard(tokens, a, b, 16, 65535, cuts) for a, b in ((0, 1000), (1000, 2500), (2500, 4000))]
-    vlen = np.zeros(tokens.size, np.uint8)
+    vlen = valid_lengths(tokens, 65535, IndexParams().lcp_cap)
     merged = [index_range(tokens, vlen, 16, 65535, IndexParams(), *(p[r] for p in pieces))[0] for r in range(len(cuts))]
-    assert np.array_equal(np.concatenate(merged), sort_suffixes(tokens, 16, 65535))
+    assert np.array_equal(np.concatenate(merged), sort_suffixes(tokens, 16, 65535)[0])

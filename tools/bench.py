@@ -78,6 +78,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--markdown", help="also write the markdown report here")
     p.add_argument("--model", default=None, help="local model directory or .gguf (default SmolLM2-135M)")
     p.add_argument("--datastore", default=None, help="datastore directory: the datastore system passes datastore=DIR")
+    p.add_argument("--datastore-b", default=None,
+                   help="a second datastore directory for the datastore_b system (compare two stores side by side)")
     p.add_argument("--history", type=Path, default=None,
                    help="saved output history (python -m tools.warm_history) for the history diagnostic")
     p.add_argument("--max-new-tokens", type=int)
@@ -107,8 +109,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [s for s in args.systems if s not in SYSTEMS]
     if unknown:
         p.error(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
-    if args.datastore is not None and not Path(args.datastore).is_dir():
-        p.error(f"--datastore {args.datastore}: no such directory")
+    for flag, path in (("--datastore", args.datastore), ("--datastore-b", args.datastore_b)):
+        if path is not None and not Path(path).is_dir():
+            p.error(f"{flag} {path}: no such directory")
     # HF first (the baseline of every speedup), then in SYSTEMS order: the README
     # systems meet the process's one-off costs before the diagnostics do.
     args.systems = [s for s in SYSTEMS if s in args.systems or s == "hf"]
@@ -138,7 +141,7 @@ def make_setup(model, session, args, ids, reference, max_new_tokens, seed) -> Ru
     sampling = {"temperature": args.temperature} if args.sampling else {}
     return RunSetup(
         model, ids, max_new_tokens, sampling, seed, reference, args.datastore, session.tokenizer,
-        plugin_kwargs(args), args.history,
+        plugin_kwargs(args), args.history, args.datastore_b,
     )
 
 
@@ -232,7 +235,8 @@ def select_systems(args, has_datastore: bool) -> tuple[list[str], dict]:
     """(runnable system names, {unavailable name: reason}) in ``args.systems`` order."""
     unavailable = {}
     for name in args.systems:
-        reason = unavailable_reason(SYSTEMS[name], has_datastore, args.sampling, args.history is not None)
+        reason = unavailable_reason(SYSTEMS[name], has_datastore, args.sampling, args.history is not None,
+                                    args.datastore_b is not None)
         if reason:
             unavailable[name] = reason
     return [s for s in args.systems if s not in unavailable], unavailable
@@ -314,6 +318,7 @@ def run_config(args: argparse.Namespace) -> dict:
         "model_handles": "each of our systems calls generate on its own model handle per workload and repeat",
         "datastore": args.datastore,
         "datastore_status": "passed as datastore=PATH" if args.datastore else "no datastore given",
+        "datastore_b": args.datastore_b,
         "history": str(args.history) if args.history else None,
         "plugin_kwargs": plugin_kwargs(args),
         "plugin_defaults": plugin_defaults(),

@@ -63,6 +63,8 @@ class RunSetup:
         plugin_kwargs: options set on the command line (tree_budget=, max_draft_len=); empty by default.
         history: a saved output history (``python -m tools.warm_history``), or None. Every
             run loads its own copy, so what one run generates never reaches another.
+        datastore_b: a second datastore path (``--datastore-b``) for comparing two stores
+            of the same corpus side by side (e.g. two format versions), or None.
     """
 
     model: torch.nn.Module
@@ -75,6 +77,7 @@ class RunSetup:
     tokenizer: object
     plugin_kwargs: dict
     history: Path | None = None
+    datastore_b: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,8 @@ class System:
 
     ``kind`` is one of ``KINDS``; ``drafters`` builds the explicit drafter list
     of a diagnostic (None for the others); ``hf_kwargs`` go to HF's generate;
-    ``readme_datastore`` adds ``datastore=PATH, draft_tokenizer=tokenizer``.
+    ``readme_datastore`` adds ``datastore=PATH, draft_tokenizer=tokenizer``, PATH
+    being the second store when ``second_store``.
     """
 
     name: str
@@ -101,6 +105,7 @@ class System:
     hf_kwargs: dict | None = None
     drafters: Callable[[RunSetup], list[Drafter]] | None = None
     readme_datastore: bool = False
+    second_store: bool = False
     needs_reference: bool = False
     needs_history: bool = False
 
@@ -137,6 +142,8 @@ SYSTEMS: dict[str, System] = {
                hf_kwargs={"prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS}),
         System("defaults", "ours: defaults (README call)", "readme"),
         System("datastore", "ours: datastore= (README call)", "readme", readme_datastore=True),
+        System("datastore_b", "ours: datastore= second store (README call)", "readme", readme_datastore=True,
+               second_store=True),
         System("prompt", "diagnostic: drafters=[prompt lookup]", "diagnostic", drafters=_prompt),
         System("no_recycle", "diagnostic: defaults less logits recycling", "diagnostic", drafters=_no_recycling),
         System("history", "diagnostic: drafters=[prompt lookup, warm history]", "diagnostic",
@@ -161,7 +168,8 @@ def generate_kwargs(system: System, setup: RunSetup, stats: DecodeStats | None =
         return {**kwargs, **system.hf_kwargs}
     kwargs.update(setup.plugin_kwargs, custom_generate=retrieval_draft.generate)
     if system.readme_datastore:
-        kwargs.update(datastore=setup.datastore, draft_tokenizer=setup.tokenizer)
+        path = setup.datastore_b if system.second_store else setup.datastore
+        kwargs.update(datastore=path, draft_tokenizer=setup.tokenizer)
     if system.drafters is not None:
         kwargs["drafters"] = system.drafters(setup)
     if stats is not None:
@@ -219,8 +227,11 @@ def prefill_seconds(model: torch.nn.Module, input_ids: torch.Tensor, tries: int 
     return best
 
 
-def unavailable_reason(system: System, has_datastore: bool, sampling: bool, has_history: bool = False) -> str | None:
+def unavailable_reason(system: System, has_datastore: bool, sampling: bool, has_history: bool = False,
+                       has_datastore_b: bool = False) -> str | None:
     """Why ``system`` cannot run in this configuration, or None when it can."""
+    if system.second_store and not has_datastore_b:
+        return "no second datastore (--datastore-b)"
     if system.needs_datastore and not has_datastore:
         return "no datastore"
     if system.needs_history and not has_history:

@@ -1,6 +1,8 @@
-"""NgramDrafter: expand the datastore's Markov table into a small token tree.
+"""NgramDrafter: expand the datastore's Markov model into a small token tree.
 
-From the longest stored context (up to ``max_order`` tokens) that ends the
+From the longest context (up to ``max_order`` tokens, seen at least the
+store's ``min_count`` times; frequent ones read from the n-gram table, rare
+ones counted from the suffix array) that ends the
 current context, take the top ``widths[0]`` next tokens, then for each
 recurse with the extended context keeping ``widths[1]`` children, and so on
 (widths past the tuple are 1: greedy). Each root-to-leaf path is one Draft;
@@ -37,7 +39,10 @@ class NgramDrafter(Drafter):
         if pseudo < 0:
             raise ValueError("pseudo must be >= 0")
         self._pseudo = float(pseudo)
-        self._table = store.ngrams
+        t = store.ngrams
+        self._table = (t.offsets, t.context, t.next, t.count, t.total, t.min_count, t.complete)
+        self._store = (store.tokens, store.suffix_words, store.position_bits, store.separator,
+                       store.range_lo, store.range_hi, store.vocab_size)
         self._max_order = int(store.params["max_order"])
         self._widths = tuple(int(w) for w in widths)
         self._max_drafts = int(max_drafts)
@@ -56,7 +61,6 @@ class NgramDrafter(Drafter):
         out_tok = np.zeros((self._max_drafts, max_len), np.int64)
         out_prob = np.zeros((self._max_drafts, max_len), np.float64)
         out_len = np.zeros(self._max_drafts, np.int64)
-        t = self._table
-        n = ngram_drafts(context[-self._max_order :], t.offsets, t.context, t.next, t.count, t.total,
-                         widths, self._pseudo, out_tok, out_prob, out_len)
+        n = ngram_drafts(context[-self._max_order :], self._table, self._store, widths, self._pseudo,
+                         out_tok, out_prob, out_len)
         return [Draft(out_tok[i, : out_len[i]], out_prob[i, : out_len[i]]) for i in range(n)]

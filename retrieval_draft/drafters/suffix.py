@@ -46,7 +46,7 @@ class SuffixDrafter(Drafter):
         row = s.trie.longest_prefix_value(encode_ids(ids[: self._trie_depth], s.key_width), None)
         if row is None:
             return None
-        lo, hi = narrow_range(s.tokens, s.suffix_array, int(s.range_lo[row]), int(s.range_hi[row]), ids)
+        lo, hi = narrow_range(s.tokens, s.suffix_words, s.position_bits, int(s.range_lo[row]), int(s.range_hi[row]), ids)
         return (lo, hi) if hi > lo else None
 
     def longest_match(self, context: np.ndarray) -> tuple[int, int, int]:
@@ -78,6 +78,6 @@ class SuffixDrafter(Drafter):
         out_prob = np.zeros((self._branches, max_len), np.float64)
         out_len = np.zeros(self._branches, np.int64)
         s = self._store
-        n = suffix_drafts(s.tokens, s.suffix_array, lo, hi, m, s.separator, self._samples, self._branches, self._pseudo,
-                          out_tok, out_prob, out_len)
+        n = suffix_drafts(s.tokens, s.suffix_words, s.position_bits, lo, hi, m, s.separator, self._samples,
+                          self._branches, self._pseudo, out_tok, out_prob, out_len)
         return [Draft(out_tok[i, : out_len[i]], out_prob[i, : out_len[i]]) for i in range(n)]

@@ -6,36 +6,47 @@ A datastore is one directory::
                          corpus statistics, sha256 and size of every file
     tokens.arrow         the token stream, column ``token`` (uint16 or uint32);
                          every document is followed by one separator id
-    suffix_array.arrow   column ``pos`` (uint32): every stream position, sorted
-                         by the first ``sort_depth`` tokens starting there
+    suffix_array.arrow   every stream position, sorted by the first
+                         ``sort_depth`` tokens starting there: column ``word``
+                         (uint32), the positions packed at
+                         ``storage.position_bits`` bits each (v3, see
+                         ``retrieval_draft.store.packed``), or column ``pos``
+                         (uint32) of plain positions (v1, v2)
     suffix_ranges.arrow  columns ``lo``/``hi`` (uint32): half-open ranges of
                          the suffix array, one per trie key
     suffix.trie          datrie ``BaseTrie``: encoded n-gram -> row of
                          suffix_ranges (see ``retrieval_draft.store.suffix_trie``)
     ngram.arrow          the Markov table: per context (orders 1..max_order)
                          the top-K next tokens with counts; counts and totals
-                         uint16 (v2 builds; a row seen more often is scaled to
-                         a total of 65,535) or uint32 (``storage.count_dtype``)
+                         uint16 (v2 and v3 builds; a row seen more often is
+                         scaled to a total of 65,535) or uint32
+                         (``storage.count_dtype``). In v3 only contexts with
+                         at least ``params.table_min_total`` continuations;
+                         rarer ones are counted from the suffix array
 
 Token ids are stored as uint16 when ``vocab_size <= 65535`` and as uint32
 otherwise. The document separator is the largest value of that dtype
 (0xFFFF or 0xFFFFFFFF): it can never be a real id (ids are < vocab_size
 <= the dtype's maximum), and it sorts after every real id.
 
-Versions: 2 (written now) orders the suffix array by the tokens of a
-position up to its first separator, then by position (so shards sort apart
-and merge), drops n-gram rows equal to their parent context's row (they
-never change a draft) and stores counts as uint16. Version 1
-stores read the same way (a v1 suffix array also satisfies every query, and
-its counts are uint32).
+Versions: 3 (written now) packs suffix-array positions at the bits the
+stream needs and keeps only frequent contexts in the n-gram table: at
+about 5.6 bytes per token instead of 10. Version 2 orders the suffix array
+by the tokens of a position up to its first separator, then by position
+(so shards sort apart and merge; v3 keeps that order), drops n-gram rows
+equal to their parent context's row and stores counts as uint16. Version 1
+compares straight across separators and stores uint32 counts. All three
+open and draft: v1 and v2 tables hold every context, so nothing is counted
+from their suffix arrays.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-FORMAT_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
+PACKED_SINCE = 3  # first version with packed positions and a frequent-contexts-only table
 
 MANIFEST = "manifest.json"
 TOKENS = "tokens.arrow"
@@ -48,7 +59,7 @@ DATA_FILES = (TOKENS, SUFFIX_ARRAY, SUFFIX_RANGES, TRIE, NGRAM)
 MAX_STORED_TOTAL = 0xFFFF  # v2 builds scale the few bigger n-gram rows down to this total
 UINT16_MAX_VOCAB = 0xFFFF  # ids 0..65534 plus separator 0xFFFF
 UINT32_MAX_VOCAB = 0xFFFFFFFF
-MAX_STREAM_TOKENS = 2**31 - 2  # positions are int32 in the kernels, uint32 on disk
+MAX_STREAM_TOKENS = 2**31 - 2  # positions fit 31 bits
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -2,13 +2,16 @@
 
 All take the query as int64 ids and write drafts into caller-owned output
 arrays ``out_tok`` (P, L) int64, ``out_prob`` (P, L) float64, ``out_len``
-(P,) int64, returning the number of drafts written.
+(P,) int64, returning the number of drafts written. The suffix array comes
+as ``words``/``bits`` (``retrieval_draft.store.packed``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from retrieval_draft.store.packed import position_at
 
 
 @njit(cache=True)
@@ -22,13 +25,13 @@ def _compare_suffix(tokens, pos, query, m) -> int:
 
 
 @njit(cache=True)
-def narrow_range(tokens, sa, lo, hi, query) -> tuple:
+def narrow_range(tokens, words, bits, lo, hi, query) -> tuple:
     """Sub-range of sa[lo:hi] whose suffixes start with ``query`` (shape (m,), int64)."""
     m = query.size
     a, b = lo, hi
     while a < b:  # first suffix >= query
         mid = (a + b) // 2
-        if _compare_suffix(tokens, sa[mid], query, m) < 0:
+        if _compare_suffix(tokens, position_at(words, bits, mid), query, m) < 0:
             a = mid + 1
         else:
             b = mid
@@ -36,7 +39,7 @@ def narrow_range(tokens, sa, lo, hi, query) -> tuple:
     b = hi
     while a < b:  # first suffix > query (on its first m tokens)
         mid = (a + b) // 2
-        if _compare_suffix(tokens, sa[mid], query, m) <= 0:
+        if _compare_suffix(tokens, position_at(words, bits, mid), query, m) <= 0:
             a = mid + 1
         else:
             b = mid
@@ -66,31 +69,94 @@ def _find_context(context, rows_lo, rows_hi, query) -> int:
 
 
 @njit(cache=True)
-def longest_context_row(offsets, context, history, hlen) -> int:
-    """Row of the longest context (order <= max_order) equal to the end of history[:hlen], or -1."""
-    max_order = offsets.size - 2
-    for n in range(min(max_order, hlen), 0, -1):
-        row = _find_context(context, offsets[n], offsets[n + 1], history[hlen - n : hlen])
-        if row >= 0:
-            return row
-    return -1
+def _count_from_suffixes(store, ctx, top_k, row_tok, row_cnt) -> int:
+    """Top-k next ids of context ``ctx`` (n,) counted from the suffix array, into row_tok/row_cnt
+    (count desc, then id asc; 0 = empty slot). Returns the continuations in total.
+
+    ``store`` = (tokens, words, bits, sep, range_lo, range_hi, vocab_size); rows
+    ``range_lo/hi[t]`` bound the suffixes starting with id t (format 3). The
+    context's rows are one range sorted by their next id (separators last), so
+    each next id is one run: the work is the range's length.
+    """
+    tokens, words, bits, sep, range_lo, range_hi, vocab_size = store
+    n = ctx.size
+    for k in range(top_k):
+        row_tok[k] = 0
+        row_cnt[k] = 0
+    if ctx[0] < 0 or ctx[0] >= vocab_size:
+        return 0
+    s, e = narrow_range(tokens, words, bits, np.int64(range_lo[ctx[0]]), np.int64(range_hi[ctx[0]]), ctx)
+    total = 0
+    j = s
+    while j < e:
+        t = np.int64(tokens[position_at(words, bits, j) + n])
+        if t == sep:
+            break
+        end = j + 1
+        while end < e and np.int64(tokens[position_at(words, bits, end) + n]) == t:
+            end += 1
+        count = end - j
+        total += count
+        slot = top_k
+        while slot > 0 and count > row_cnt[slot - 1]:
+            slot -= 1
+        if slot < top_k:
+            for k in range(top_k - 1, slot, -1):
+                row_tok[k] = row_tok[k - 1]
+                row_cnt[k] = row_cnt[k - 1]
+            row_tok[slot] = t
+            row_cnt[slot] = count
+        j = end
+    return total
 
 
 @njit(cache=True)
-def ngram_drafts(query, offsets, context, nxt, cnt, tot, widths, pseudo, out_tok, out_prob, out_len) -> int:
-    """Expand the Markov table into a tree of paths; each leaf path is one draft.
+def context_row(table, store, history, hlen, row_tok, row_cnt) -> int:
+    """The row of the longest context (order <= max_order) ending history[:hlen] that has at
+    least ``min_count`` continuations: its next ids and counts into row_tok/row_cnt (top_k,),
+    returning its total (0: no context matches).
 
-    ``query``: last max_order context ids. ``widths[d]``: children kept at depth d
-    (len(widths) = max draft length). Probabilities are count / (total +
-    ``pseudo``) of the matched context: ``pseudo`` unseen observations shrink
-    estimates backed by few counts (a context seen once does not promise 1.0).
-    Paths end where no context matches.
+    ``table`` = (offsets, context, next, count, total, min_count, complete);
+    ``store`` as ``_count_from_suffixes`` takes it. A context missing from an
+    incomplete table is counted from the suffix array.
     """
+    offsets, context, nxt, cnt, tot, min_count, complete = table
+    max_order = offsets.size - 2
+    for n in range(min(max_order, hlen), 0, -1):
+        ctx = history[hlen - n : hlen]
+        row = _find_context(context, offsets[n], offsets[n + 1], ctx)
+        if row >= 0:
+            for k in range(row_tok.size):
+                row_tok[k] = nxt[row, k]
+                row_cnt[k] = cnt[row, k]
+            return np.int64(tot[row])
+        if not complete:
+            total = _count_from_suffixes(store, ctx, row_tok.size, row_tok, row_cnt)
+            if total >= min_count and total > 0:
+                return total
+    return 0
+
+
+@njit(cache=True)
+def ngram_drafts(query, table, store, widths, pseudo, out_tok, out_prob, out_len) -> int:
+    """Expand the Markov model into a tree of paths; each leaf path is one draft.
+
+    ``query``: last max_order context ids; ``table``/``store`` as ``context_row``
+    takes them. ``widths[d]``: children kept at depth d (len(widths) = max
+    draft length). Probabilities are count / (total + ``pseudo``) of the
+    matched context: ``pseudo`` unseen observations shrink estimates backed
+    by few counts (a context seen once does not promise 1.0). Paths end
+    where no context matches.
+    """
+    offsets = table[0]
+    top_k = table[2].shape[1]
     max_order = offsets.size - 2
     max_len = widths.size
     n_paths = 1
     out_len[0] = 0
     history = np.empty(max_order + max_len, np.int64)
+    row_tok = np.zeros(top_k, np.int64)
+    row_cnt = np.zeros(top_k, np.int64)
     for depth in range(max_len):
         frontier = n_paths
         for p in range(frontier):
@@ -104,12 +170,12 @@ def ngram_drafts(query, offsets, context, nxt, cnt, tot, widths, pseudo, out_tok
             for k in range(depth):
                 history[h] = out_tok[p, k]
                 h += 1
-            row = longest_context_row(offsets, context, history, h)
-            if row < 0:
+            total = context_row(table, store, history, h, row_tok, row_cnt)
+            if total == 0:
                 continue
             kids = 0
-            for c in range(nxt.shape[1]):
-                if kids >= widths[depth] or cnt[row, c] == 0:
+            for c in range(top_k):
+                if kids >= widths[depth] or row_cnt[c] == 0:
                     break
                 target = p
                 if kids > 0:
@@ -119,15 +185,15 @@ def ngram_drafts(query, offsets, context, nxt, cnt, tot, widths, pseudo, out_tok
                     n_paths += 1
                     out_tok[target, :depth] = out_tok[p, :depth]
                     out_prob[target, :depth] = out_prob[p, :depth]
-                out_tok[target, depth] = nxt[row, c]
-                out_prob[target, depth] = cnt[row, c] / (tot[row] + pseudo)
+                out_tok[target, depth] = row_tok[c]
+                out_prob[target, depth] = row_cnt[c] / (total + pseudo)
                 out_len[target] = depth + 1
                 kids += 1
     return n_paths if out_len[0] > 0 else 0
 
 
 @njit(cache=True)
-def suffix_drafts(tokens, sa, lo, hi, m, sep, samples, branches, pseudo, out_tok, out_prob, out_len) -> int:
+def suffix_drafts(tokens, words, bits, lo, hi, m, sep, samples, branches, pseudo, out_tok, out_prob, out_len) -> int:
     """Frequency-weighted continuations of a match of length ``m`` over sa[lo:hi].
 
     Reads up to ``samples`` occurrences spread evenly over the range (the
@@ -144,7 +210,7 @@ def suffix_drafts(tokens, sa, lo, hi, m, sep, samples, branches, pseudo, out_tok
     cont = np.empty((s, max_len), np.int64)
     clen = np.zeros(s, np.int64)
     for k in range(s):
-        p = np.int64(sa[lo + (k * span) // s]) + m
+        p = position_at(words, bits, lo + (k * span) // s) + m
         L = 0
         while L < max_len and p + L < tokens.size and tokens[p + L] != sep:
             cont[k, L] = tokens[p + L]

@@ -17,8 +17,11 @@ import pyarrow as pa
 
 from retrieval_draft.errors import CorruptDatastoreError, TokenIdOutOfRangeError
 from retrieval_draft.store.arrow_io import read_table
-from retrieval_draft.store.layout import NGRAM, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE, separator_id, token_dtype
+from retrieval_draft.store.layout import (
+    NGRAM, PACKED_SINCE, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE, separator_id, token_dtype,
+)
 from retrieval_draft.store.manifest import check_sizes, read_manifest, verify_files
+from retrieval_draft.store.packed import max_position, packed_words, position_bits, unpack_positions
 from retrieval_draft.store.suffix_trie import key_width, load_trie
 
 
@@ -31,6 +34,9 @@ class NgramTable:
         context: (R, max_order) ids, zero-padded past the row's order.
         next: (R, top_k) ids; count: (R, top_k) uint16/uint32 (0 = empty slot);
         total: (R,) uint16/uint32 continuations of the context.
+        min_count: contexts with fewer continuations never draft.
+        complete: every context with >= min_count continuations has a row (v1, v2); otherwise
+            (v3) contexts rarer than the table's threshold are counted from the suffix array.
     """
 
     offsets: np.ndarray
@@ -38,6 +44,8 @@ class NgramTable:
     next: np.ndarray
     count: np.ndarray
     total: np.ndarray
+    min_count: int
+    complete: bool
 
 
 @dataclass(frozen=True)
@@ -47,7 +55,8 @@ class Datastore:
     path: Path
     manifest: dict
     tokens: np.ndarray  # (T,) uint16/uint32 stream with separators
-    suffix_array: np.ndarray  # (T,) uint32
+    suffix_words: np.ndarray  # (W,) uint32: T positions packed at position_bits each (``store.packed``)
+    position_bits: int  # 32 for v1/v2 stores, whose words are plain positions
     range_lo: np.ndarray  # (K,) uint32, one per trie key
     range_hi: np.ndarray  # (K,) uint32
     trie: datrie.BaseTrie
@@ -73,6 +82,10 @@ class Datastore:
     def params(self) -> dict:
         return dict(self.manifest["params"])
 
+    def suffix_array(self) -> np.ndarray:
+        """The suffix array unpacked, (T,) uint32 (a copy for v3 stores: for tools and tests)."""
+        return unpack_positions(self.suffix_words, self.position_bits, self.tokens.size)
+
 
 def _check_storage(manifest: dict) -> np.dtype:
     """The stream dtype after checking the storage section against the vocabulary size."""
@@ -90,6 +103,9 @@ def _check_storage(manifest: dict) -> np.dtype:
         raise CorruptDatastoreError("manifest trie key width does not match its vocabulary size")
     if storage.get("count_dtype", "uint32") not in ("uint16", "uint32"):
         raise CorruptDatastoreError(f"manifest count dtype {storage.get('count_dtype')!r} is not uint16 or uint32")
+    packed = manifest["format_version"] >= PACKED_SINCE
+    if packed and storage.get("position_bits") != position_bits(max(1, int(manifest["stats"]["tokens"]))):
+        raise CorruptDatastoreError("manifest position width does not match its token count")
     return dtype
 
 
@@ -103,10 +119,10 @@ def _check_ids(name: str, ids: np.ndarray, vocab_size: int, sep: int | None) -> 
         raise TokenIdOutOfRangeError(f"{name}: id {int(ids.max())} is outside the vocabulary of size {vocab_size}")
 
 
-def _check_values(manifest: dict, tokens, sa, ranges, ngrams: NgramTable) -> None:
+def _check_values(manifest: dict, tokens, words, bits, ranges, ngrams: NgramTable) -> None:
     """Full scans: positions inside the stream, every id inside the vocabulary."""
     n = int(manifest["stats"]["tokens"])
-    if (sa.size and int(sa.max()) >= n) or (ranges["hi"].size and int(ranges["hi"].max()) > n):
+    if max_position(words, bits, n) >= n or (ranges["hi"].size and int(ranges["hi"].max()) > n):
         raise CorruptDatastoreError("suffix array or ranges point past the end of the stream")
     vocab_size = int(manifest["tokenizer"]["vocab_size"])
     _check_ids(TOKENS, tokens, vocab_size, separator_id(tokens.dtype))
@@ -128,7 +144,21 @@ def _ngram_table(directory: Path, dtype: np.dtype, manifest: dict, full: bool = 
         raise CorruptDatastoreError(f"{NGRAM}: orders are not sorted")
     # Search values of the column's own dtype: mixed dtypes would convert the whole column first.
     offsets = np.searchsorted(order, np.arange(max_order + 2, dtype=order.dtype), side="left").astype(np.int64)
-    return NgramTable(offsets, cols["context"], cols["next"], cols["count"], cols["total"])
+    complete = manifest["format_version"] < PACKED_SINCE
+    return NgramTable(offsets, cols["context"], cols["next"], cols["count"], cols["total"],
+                      int(manifest["params"].get("min_count", 1)), complete)
+
+
+def _suffix_words(directory: Path, manifest: dict, full: bool) -> tuple[np.ndarray, int]:
+    """(words, bits) of the suffix array: packed words (v3) or plain uint32 positions (bits 32)."""
+    n = int(manifest["stats"]["tokens"])
+    if manifest["format_version"] < PACKED_SINCE:
+        return read_table(directory / SUFFIX_ARRAY, {"pos": pa.uint32()}, full=full)["pos"], 32
+    bits = int(manifest["storage"]["position_bits"])
+    words = read_table(directory / SUFFIX_ARRAY, {"word": pa.uint32()}, full=full)["word"]
+    if words.size != packed_words(n, bits):
+        raise CorruptDatastoreError(f"{SUFFIX_ARRAY}: {words.size} words, {packed_words(n, bits)} expected")
+    return words, bits
 
 
 def open_datastore(path: str | Path, *, verify: bool = True) -> Datastore:
@@ -149,16 +179,20 @@ def open_datastore(path: str | Path, *, verify: bool = True) -> Datastore:
         check_sizes(directory, manifest)
     ids = pa.from_numpy_dtype(dtype)
     tokens = read_table(directory / TOKENS, {"token": ids}, full=verify)["token"]
-    sa = read_table(directory / SUFFIX_ARRAY, {"pos": pa.uint32()}, full=verify)["pos"]
+    words, bits = _suffix_words(directory, manifest, full=verify)
     ranges = read_table(directory / SUFFIX_RANGES, {"lo": pa.uint32(), "hi": pa.uint32()}, full=verify)
     ngrams = _ngram_table(directory, dtype, manifest, full=verify)
     n = int(manifest["stats"]["tokens"])
     sep = separator_id(dtype)
-    if tokens.size != n or sa.size != n or n == 0 or tokens[-1] != sep:
-        raise CorruptDatastoreError(f"stream of {tokens.size} tokens / suffix array of {sa.size} != manifest {n}")
+    if tokens.size != n or (bits == 32 and words.size != n) or n == 0 or tokens[-1] != sep:
+        raise CorruptDatastoreError(f"stream of {tokens.size} tokens / suffix array does not match manifest {n}")
     if verify:
-        _check_values(manifest, tokens, sa, ranges, ngrams)
+        _check_values(manifest, tokens, words, bits, ranges, ngrams)
     trie = load_trie(directory / TRIE)
-    if verify and len(trie) != ranges["lo"].size:  # len() walks the whole trie
-        raise CorruptDatastoreError(f"{TRIE}: {len(trie)} keys but {ranges['lo'].size} ranges")
-    return Datastore(directory, manifest, tokens, sa, ranges["lo"], ranges["hi"], trie, ngrams)
+    rows = ranges["lo"].size
+    packed = manifest["format_version"] >= PACKED_SINCE  # v3: one range per id first, then longer keys
+    if packed and rows < int(manifest["tokenizer"]["vocab_size"]):
+        raise CorruptDatastoreError(f"{SUFFIX_RANGES}: {rows} ranges, fewer than the vocabulary")
+    if verify and (len(trie) > rows if packed else len(trie) != rows):  # len() walks the whole trie
+        raise CorruptDatastoreError(f"{TRIE}: {len(trie)} keys but {rows} ranges")
+    return Datastore(directory, manifest, tokens, words, bits, ranges["lo"], ranges["hi"], trie, ngrams)

@@ -3,15 +3,18 @@
 Design (measured; see tools/datastore_numbers.py):
 
 * The token stream (Arrow uint16/uint32, 2 or 4 B/token) and a suffix array
-  (Arrow uint32, 4 B/token) sorted to ``sort_depth`` tokens hold every
+  (packed positions, 27 bits/token at 104M tokens) sorted to ``sort_depth`` tokens hold every
   occurrence of every context, so continuations are read from the corpus
   itself and weighted by how often they occur (REST's idea).
 * The datrie holds only short keys: every unigram and every n-gram of order
   2..trie_depth that occurs >= ``trie_min_count`` times, each mapping to a
-  row of ``suffix_ranges`` (lo, hi). A few hundred thousand keys build in
-  seconds and take a few MB, where a trie over all contexts of a 58M-token
-  corpus would take minutes to build (datrie inserts ~10^5 keys/s) and many
-  bytes per token.
+  row of ``suffix_ranges`` (lo, hi): in format 3 the unigram of id t maps to
+  row t (rows 0..vocab-1 are every id's first-token range, which the n-gram
+  drafter's Numba kernels read directly), longer keys to the rows after. The
+  trie only routes a query to a range that the binary search then narrows,
+  so fewer keys change speed, never results: datrie's insertion slows as it
+  grows (641k keys took 20 s, 31 us/key; 168k keys take about 1.3 s), so the
+  builder keeps bigrams seen >= 64 times.
 * A query finds the deepest key that prefixes the context suffix with one
   ``longest_prefix_value`` call, then narrows that range with a Numba
   binary search over the suffix array to the full match length.
@@ -73,10 +76,10 @@ def encode_rows(ids: np.ndarray, lengths: np.ndarray, width: int) -> list[str]:
     return np.ascontiguousarray(codes).view(f"<U{depth * width}").reshape(rows).tolist()
 
 
-def build_trie(keys: list[str], path: Path) -> None:
-    """Insert ``keys[i] -> i`` (keys already sorted) into a BaseTrie and save it to ``path``."""
+def build_trie(keys: list[str], rows: np.ndarray, path: Path) -> None:
+    """Insert ``keys[i] -> rows[i]`` (keys already sorted) into a BaseTrie and save it to ``path``."""
     trie = datrie.BaseTrie(ranges=[ALPHABET_RANGE])
-    for row, key in enumerate(keys):
+    for key, row in zip(keys, rows.tolist()):
         trie[key] = row
     with atomic_path(path) as tmp:
         trie.save(str(tmp))
