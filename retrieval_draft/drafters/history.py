@@ -16,14 +16,14 @@ and the tokenizer's fingerprint, written atomically.
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.drafters.tagged_npz import load_tagged, save_tagged
 from retrieval_draft.drafters.tail_match import continuations, tail_matches
-from retrieval_draft.errors import CorruptHistoryError, TokenIdOutOfRangeError, TokenizerMismatchError
+from retrieval_draft.errors import CorruptHistoryError, TokenIdOutOfRangeError
 
 SEPARATOR = -1
 HISTORY_FORMAT = 1
@@ -80,12 +80,7 @@ class HistoryDrafter(Drafter):
 
     def save(self, path: str | Path, tokenizer=None) -> None:
         """Write the buffer to ``path`` (.npz) atomically; with ``tokenizer``, record its fingerprint."""
-        from retrieval_draft.atomic import atomic_path
-        from retrieval_draft.store.tokenizer import tokenizer_fingerprint
-
-        fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else ""
-        with atomic_path(Path(path)) as tmp, open(tmp, "wb") as handle:
-            np.savez(handle, tokens=self._buffer, format=np.int64(HISTORY_FORMAT), fingerprint=np.array(fingerprint))
+        save_tagged(path, {"tokens": self._buffer}, HISTORY_FORMAT, tokenizer)
 
     @classmethod
     def load(cls, path: str | Path, *, vocab_size: int | None = None, tokenizer=None, **options) -> "HistoryDrafter":
@@ -95,23 +90,11 @@ class HistoryDrafter(Drafter):
         TokenizerMismatchError when ``tokenizer`` differs from the one recorded,
         TokenIdOutOfRangeError for ids >= ``vocab_size``.
         """
-        from retrieval_draft.store.tokenizer import tokenizer_fingerprint
-
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                tokens, version, fingerprint = data["tokens"], int(data["format"]), str(data["fingerprint"])
-        except FileNotFoundError:
-            raise
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
-            raise CorruptHistoryError(f"{path} is not a readable history file ({error})") from error
-        if version != HISTORY_FORMAT:
-            raise CorruptHistoryError(f"{path} has history format {version}; this version reads {HISTORY_FORMAT}")
+        tokens = load_tagged(path, ("tokens",), HISTORY_FORMAT, CorruptHistoryError, "history", tokenizer)["tokens"]
         if tokens.dtype != np.int32 or tokens.ndim != 1 or (tokens.size and int(tokens.min()) < SEPARATOR):
             raise CorruptHistoryError(f"{path} does not hold a 1-D int32 id buffer")
         if vocab_size is not None and tokens.size and int(tokens.max()) >= vocab_size:
             raise TokenIdOutOfRangeError(f"{path} holds id {int(tokens.max())}, beyond the vocabulary of {vocab_size}")
-        if tokenizer is not None and fingerprint and fingerprint != tokenizer_fingerprint(tokenizer):
-            raise TokenizerMismatchError(f"{path} was written with a different tokenizer")
         drafter = cls(**options)
         drafter._buffer = tokens[-drafter.max_tokens :].copy()
         return drafter

@@ -18,14 +18,14 @@ and the tokenizer's fingerprint, written atomically.
 from __future__ import annotations
 
 import heapq
-import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from retrieval_draft.drafters.base import Draft, Drafter
-from retrieval_draft.errors import CorruptRecyclingTableError, InvalidInputError, TokenizerMismatchError
+from retrieval_draft.drafters.tagged_npz import load_tagged, save_tagged
+from retrieval_draft.errors import CorruptRecyclingTableError, InvalidInputError
 
 if TYPE_CHECKING:
     import torch
@@ -119,18 +119,7 @@ class RecyclingDrafter(Drafter):
 
     def save(self, path: str | Path, tokenizer=None) -> None:
         """Write the table to ``path`` (.npz) atomically; with ``tokenizer``, record its fingerprint."""
-        from retrieval_draft.atomic import atomic_path
-        from retrieval_draft.store.tokenizer import tokenizer_fingerprint
-
-        fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else ""
-        with atomic_path(Path(path)) as tmp, open(tmp, "wb") as handle:
-            np.savez(
-                handle,
-                successors=self.successors,
-                probs=self.probs,
-                format=np.int64(RECYCLING_FORMAT),
-                fingerprint=np.array(fingerprint),
-            )
+        save_tagged(path, {"successors": self.successors, "probs": self.probs}, RECYCLING_FORMAT, tokenizer)
 
     @classmethod
     def load(cls, path: str | Path, *, vocab_size: int, tokenizer=None, max_nodes: int = 16) -> "RecyclingDrafter":
@@ -140,18 +129,9 @@ class RecyclingDrafter(Drafter):
         of range included) or one recorded for another vocabulary size,
         TokenizerMismatchError when ``tokenizer`` differs from the one recorded.
         """
-        from retrieval_draft.store.tokenizer import tokenizer_fingerprint
-
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                successors, probs = data["successors"], data["probs"]
-                version, fingerprint = int(data["format"]), str(data["fingerprint"])
-        except FileNotFoundError:
-            raise
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
-            raise CorruptRecyclingTableError(f"{path} is not a readable recycling table ({error})") from error
-        if version != RECYCLING_FORMAT:
-            raise CorruptRecyclingTableError(f"{path} has recycling format {version}; this version reads {RECYCLING_FORMAT}")
+        arrays = load_tagged(path, ("successors", "probs"), RECYCLING_FORMAT, CorruptRecyclingTableError,
+                             "recycling table", tokenizer)
+        successors, probs = arrays["successors"], arrays["probs"]
         shape_ok = successors.ndim == 2 and successors.shape == probs.shape and successors.shape[1] >= 1
         if not shape_ok or successors.dtype != np.int32 or probs.dtype != np.float32:
             raise CorruptRecyclingTableError(f"{path} does not hold an (n, k) int32 table with float32 probabilities")
@@ -161,8 +141,6 @@ class RecyclingDrafter(Drafter):
             raise CorruptRecyclingTableError(f"{path} holds successor ids outside [0, {vocab_size})")
         if not (np.all(np.isfinite(probs)) and np.all(probs >= 0) and np.all(probs <= 1)):
             raise CorruptRecyclingTableError(f"{path} holds probabilities outside [0, 1]")
-        if tokenizer is not None and fingerprint and fingerprint != tokenizer_fingerprint(tokenizer):
-            raise TokenizerMismatchError(f"{path} was written with a different tokenizer")
         drafter = cls(vocab_size, k=successors.shape[1], max_nodes=max_nodes)
         drafter.successors, drafter.probs = successors.copy(), probs.copy()
         return drafter

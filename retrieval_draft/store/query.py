@@ -68,6 +68,23 @@ def _find_context(context, rows_lo, rows_hi, query) -> int:
     return -1
 
 
+@njit(cache=True, nogil=True)
+def insert_top_k(token, count, out_tok, out_cnt) -> None:
+    """Insert (token, count) into out_tok/out_cnt (k,), kept sorted by count descending; among
+    equal counts the one inserted first stays first (runs come in id order, so the smaller id);
+    a count below the k-th is dropped."""
+    top_k = out_tok.size
+    slot = top_k
+    while slot > 0 and count > out_cnt[slot - 1]:
+        slot -= 1
+    if slot < top_k:
+        for k in range(top_k - 1, slot, -1):
+            out_tok[k] = out_tok[k - 1]
+            out_cnt[k] = out_cnt[k - 1]
+        out_tok[slot] = token
+        out_cnt[slot] = count
+
+
 @njit(cache=True)
 def _count_from_suffixes(store, ctx, top_k, row_tok, row_cnt) -> int:
     """Top-k next ids of context ``ctx`` (n,) counted from the suffix array, into row_tok/row_cnt
@@ -95,17 +112,8 @@ def _count_from_suffixes(store, ctx, top_k, row_tok, row_cnt) -> int:
         end = j + 1
         while end < e and np.int64(tokens[position_at(words, bits, end) + n]) == t:
             end += 1
-        count = end - j
-        total += count
-        slot = top_k
-        while slot > 0 and count > row_cnt[slot - 1]:
-            slot -= 1
-        if slot < top_k:
-            for k in range(top_k - 1, slot, -1):
-                row_tok[k] = row_tok[k - 1]
-                row_cnt[k] = row_cnt[k - 1]
-            row_tok[slot] = t
-            row_cnt[slot] = count
+        total += end - j
+        insert_top_k(t, end - j, row_tok, row_cnt)
         j = end
     return total
 
