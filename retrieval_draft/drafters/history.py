@@ -90,7 +90,7 @@ class HistoryDrafter(Drafter):
         TokenizerMismatchError when ``tokenizer`` differs from the one recorded,
         TokenIdOutOfRangeError for ids >= ``vocab_size``.
         """
-        tokens = load_tagged(path, ("tokens",), HISTORY_FORMAT, CorruptHistoryError, "history", tokenizer)["tokens"]
+        tokens = load_tagged(path, ("tokens",), HISTORY_FORMAT, CorruptHistoryError, "history file", tokenizer)["tokens"]
         if tokens.dtype != np.int32 or tokens.ndim != 1 or (tokens.size and int(tokens.min()) < SEPARATOR):
             raise CorruptHistoryError(f"{path} does not hold a 1-D int32 id buffer")
         if vocab_size is not None and tokens.size and int(tokens.max()) >= vocab_size:
