@@ -7,6 +7,9 @@ token on disk per file, open time (with checksums), and propose latency
 p50/p99 of each drafter on contexts sampled from the corpus.
 
 Usage: python -m tools.datastore_numbers [--large] [--out DIR] [--json FILE]
+       python -m tools.datastore_numbers --stores STORE [STORE ...] [--json FILE]
+(the second form measures existing stores of one corpus on the same contexts, e.g. two format
+versions, and says whether their drafts are identical)
 """
 
 from __future__ import annotations
@@ -91,31 +94,59 @@ def drafter_latency(drafter, contexts, max_len: int = 8) -> dict:
 
 def measure(name: str, sources: list[str], out: Path) -> dict:
     """Build, open and time one corpus; returns its row of numbers."""
+    child = build_in_child(out, sources)
+    row = measure_store(name, out)
+    stats = row.pop("_stats")
+    index_s = sum(stats["index_seconds"].values())
+    return {
+        **row, "tokenize_s": stats["tokenize_seconds"], "index_s": round(index_s, 2),
+        "index_phases_s": stats["index_seconds"], "build_wall_s": round(child["wall"], 2),
+        "tokenize_tok_per_s": round(row["tokens"] / stats["tokenize_seconds"]),
+        "index_tok_per_s": round(row["tokens"] / index_s), "peak_rss_mb": round(child["rss_mb"]),
+    }
+
+
+def measure_store(name: str, path: Path, contexts: list | None = None) -> dict:
+    """Open (verified, then trusted) and time the drafters of the store at ``path`` on ``contexts``
+    (default: 2,000 sampled from its own stream); the row also keeps every context's drafts."""
     from retrieval_draft.drafters.registry import DraftSources, make_drafters
     from retrieval_draft.store.reader import open_datastore
 
-    child = build_in_child(out, sources)
     start = time.perf_counter()
-    store = open_datastore(out)
+    store = open_datastore(path)
     open_s = time.perf_counter() - start
-    stats = store.manifest["stats"]
+    start = time.perf_counter()
+    open_datastore(path, verify=False)
+    trusted_s = time.perf_counter() - start
+    stats, files = store.manifest["stats"], store.manifest["files"]
     tokens = stats["tokens"]
-    index_s = sum(stats["index_seconds"].values())
-    contexts = sample_contexts(np.asarray(store.tokens), store.separator, 2000, 64)
-    files = store.manifest["files"]
+    contexts = contexts or sample_contexts(np.asarray(store.tokens), store.separator, 2000, 64)
     ngram, suffix = make_drafters(["ngram", "suffix"], DraftSources(store=store))
     return {
-        "corpus": name, "documents": stats["documents"], "tokens": tokens,
-        "tokenize_s": stats["tokenize_seconds"], "index_s": round(index_s, 2), "index_phases_s": stats["index_seconds"],
-        "build_wall_s": round(child["wall"], 2), "tokenize_tok_per_s": round(tokens / stats["tokenize_seconds"]),
-        "index_tok_per_s": round(tokens / index_s), "peak_rss_mb": round(child["rss_mb"]),
-        "bytes_per_token": {k: round(v["bytes"] / tokens, 3) for k, v in files.items()},
+        "corpus": name, "format_version": store.manifest["format_version"], "documents": stats["documents"],
+        "tokens": tokens, "bytes_per_token": {k: round(v["bytes"] / tokens, 3) for k, v in files.items()},
         "bytes_per_token_total": round(sum(v["bytes"] for v in files.values()) / tokens, 3),
         "contexts_per_order": stats["contexts_per_order"], "trie_keys": stats["trie_keys"],
-        "open_s": round(open_s, 3),
-        "ngram": drafter_latency(ngram, contexts),
-        "suffix": drafter_latency(suffix, contexts),
+        "open_s": round(open_s, 3), "open_trusted_s": round(trusted_s, 3),
+        "ngram": drafter_latency(ngram, contexts), "suffix": drafter_latency(suffix, contexts),
+        "_stats": stats, "_drafts": [[(d.tokens.tolist(), d.probs.tolist()) for d in drafter.propose(c, 8)]
+                                     for drafter in (ngram, suffix) for c, _ in contexts],
     }
+
+
+def compare_stores(paths: list[Path]) -> list[dict]:
+    """Rows for existing stores of one corpus on the same contexts (sampled from the first), each
+    with ``drafts_identical_to_first``."""
+    from retrieval_draft.store.reader import open_datastore
+
+    first = open_datastore(paths[0], verify=False)
+    contexts = sample_contexts(np.asarray(first.tokens), first.separator, 2000, 64)
+    rows = [measure_store(str(path), path, contexts) for path in paths]
+    for row in rows:
+        row["drafts_identical_to_first"] = row["_drafts"] == rows[0]["_drafts"]
+    for row in rows:
+        del row["_drafts"], row["_stats"]
+    return rows
 
 
 def print_table(rows: list[dict]) -> None:
@@ -138,13 +169,20 @@ def main() -> None:
     parser.add_argument("--large", action="store_true", help="also build stdlib + site-packages (~58M tokens)")
     parser.add_argument("--out", type=Path, default=REPO / "out" / "datastore_numbers")
     parser.add_argument("--json", type=Path, default=None, help="where to write the JSON (default OUT/numbers.json)")
+    parser.add_argument("--stores", type=Path, nargs="+",
+                        help="measure these existing stores of one corpus side by side instead of building")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    stdlib = stdlib_sources()
-    corpora = [("stdlib", stdlib)]
-    if args.large:
-        corpora.append(("stdlib+site-packages", stdlib + [sysconfig.get_paths()["purelib"]]))
-    rows = [measure(name, sources, args.out / name) for name, sources in corpora]
+    if args.stores:
+        rows = compare_stores(args.stores)
+    else:
+        stdlib = stdlib_sources()
+        corpora = [("stdlib", stdlib)]
+        if args.large:
+            corpora.append(("stdlib+site-packages", stdlib + [sysconfig.get_paths()["purelib"]]))
+        rows = [measure(name, sources, args.out / name) for name, sources in corpora]
+        for row in rows:
+            del row["_drafts"]
     print_table(rows)
     target = args.json or args.out / "numbers.json"
     atomic_write_bytes(target, (json.dumps(rows, indent=2) + "\n").encode())
