@@ -89,18 +89,19 @@ def _window_pair(words, p, offset, depth, w, bpt, sep):
 
 
 @njit(cache=True, nogil=True)
-def _radix_order(keys):
-    """Indices sorting uint64 ``keys`` (m,) stably: LSD radix over 16-bit digits, skipping
-    digits every key shares (runs of one bucket share most of their leading ids)."""
+def _radix_order(keys, digit_bits):
+    """Indices sorting uint64 ``keys`` (m,) stably: LSD radix over ``digit_bits``-bit digits
+    (8 or 16), skipping digits every key shares (runs of one bucket share most of their
+    leading ids). 16-bit digits pay a 65,536-entry count array per pass: for long runs only."""
     m = keys.size
     k = keys.copy()
     idx = np.arange(m)
     k_buf = np.empty_like(k)
     idx_buf = np.empty_like(idx)
-    count = np.empty(1 << 16, np.int64)
-    mask = np.uint64(0xFFFF)
-    for step in range(4):
-        shift = np.uint64(16 * step)
+    count = np.empty(1 << digit_bits, np.int64)
+    mask = np.uint64((1 << digit_bits) - 1)
+    for step in range(64 // digit_bits):
+        shift = np.uint64(digit_bits * step)
         count[:] = 0
         for j in range(m):
             count[(k[j] >> shift) & mask] += 1
@@ -123,45 +124,12 @@ def _radix_order(keys):
 
 
 @njit(cache=True, nogil=True)
-def _byte_radix_order(keys):
-    """Indices sorting uint64 ``keys`` (m,) stably: LSD radix over 8-bit digits, skipping digits
-    every key shares (small count arrays: for runs of hundreds to thousands)."""
-    m = keys.size
-    k = keys.copy()
-    idx = np.arange(m)
-    k_buf = np.empty_like(k)
-    idx_buf = np.empty_like(idx)
-    count = np.empty(256, np.int64)
-    for step in range(8):
-        shift = np.uint64(8 * step)
-        count[:] = 0
-        for j in range(m):
-            count[(k[j] >> shift) & np.uint64(0xFF)] += 1
-        if count.max() == m:
-            continue
-        total = 0
-        for d in range(256):
-            c = count[d]
-            count[d] = total
-            total += c
-        for j in range(m):
-            d = (k[j] >> shift) & np.uint64(0xFF)
-            q = count[d]
-            k_buf[q] = k[j]
-            idx_buf[q] = idx[j]
-            count[d] = q + 1
-        k, k_buf = k_buf, k
-        idx, idx_buf = idx_buf, idx
-    return idx
-
-
-@njit(cache=True, nogil=True)
 def _order_of(keys):
     """Indices sorting uint64 ``keys`` (m,) stably, by the method fastest at that length here."""
     if keys.size >= RADIX_RUN:
-        return _radix_order(keys)
+        return _radix_order(keys, 16)
     if keys.size >= BYTE_RADIX_RUN:
-        return _byte_radix_order(keys)
+        return _radix_order(keys, 8)
     return np.argsort(keys, kind="mergesort")
 
 

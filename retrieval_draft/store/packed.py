@@ -35,10 +35,16 @@ def position_at(words: np.ndarray, bits: int, i: int) -> np.int64:
     return np.int64((pair >> np.uint64(bit & 31)) & np.uint64((1 << bits) - 1))
 
 
-@njit(cache=True)
 def pack_positions(values: np.ndarray, bits: int) -> np.ndarray:
     """``values`` (n,) uint32, each < 2**bits, as packed words (``packed_words(n, bits)``,) uint32."""
-    out = np.zeros((values.size * bits + 31) // 32 + 1, np.uint32)
+    out = np.zeros(packed_words(values.size, bits), np.uint32)
+    _pack_into(values, bits, out)
+    return out
+
+
+@njit(cache=True)
+def _pack_into(values: np.ndarray, bits: int, out: np.ndarray) -> None:
+    """Or ``values`` into the zeroed words ``out`` at ``bits`` bits each."""
     mask = np.uint64((1 << bits) - 1)
     for i in range(values.size):
         bit = np.int64(i) * bits
@@ -46,7 +52,6 @@ def pack_positions(values: np.ndarray, bits: int) -> np.ndarray:
         shifted = (np.uint64(values[i]) & mask) << np.uint64(bit & 31)
         out[w] |= np.uint32(shifted & np.uint64(0xFFFFFFFF))
         out[w + 1] |= np.uint32(shifted >> np.uint64(32))
-    return out
 
 
 @njit(cache=True)
