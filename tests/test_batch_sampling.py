@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import retrieval_draft
-import retrieval_draft.decode.batch_engine as batch_engine
+import retrieval_draft.decode.readout as readout
 from retrieval_draft.decode.batch_engine import batch_decode
 from retrieval_draft.decode.engine import DecodeOptions
 from retrieval_draft.planning.batch_planner import BatchPlanner
@@ -91,7 +91,7 @@ def test_each_row_of_a_sampled_batch_matches_its_exact_distribution(model, condi
 
 
 def test_batch_with_resampling_from_p_exceeds_the_bound(model, conditionals, monkeypatch):
-    monkeypatch.setattr(batch_engine, "verify_sampling", resample_from_p)
+    monkeypatch.setattr(readout, "verify_sampling", resample_from_p)
     draws = batch_draws(model, CONTROL_RUNS, conditionals)
     joint = exact_joint(conditionals[0])
     tv, bound = empirical_tv(encode(draws[0]), joint), tv_bound(joint, CONTROL_RUNS)

@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import retrieval_draft
-from retrieval_draft.decode import batch_engine, engine
+from retrieval_draft.decode import readout
 from retrieval_draft.decode.batch_engine import batch_decode
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
 from retrieval_draft.decode.readout import TreeJob, read_verdicts
@@ -111,7 +111,7 @@ def test_a_greedy_step_with_recycling_reads_the_host_exactly_once(tiny_llama):
 
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_the_device_path_reads_the_host_once_per_step_with_processors_and_sampling(tiny_llama, monkeypatch, do_sample):
-    monkeypatch.setattr(engine, "walks_on_host", lambda *_: False)
+    monkeypatch.setattr(readout, "walks_on_host", lambda *_: False)
     processor = warpers() if do_sample else LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3)])
     steps, drafted = reads_per_step(tiny_llama, processor, do_sample)
     assert len(steps) >= 3 and drafted > 0
@@ -184,7 +184,7 @@ def plugin(model, prompt, **kwargs):
 def test_the_device_path_with_repetition_penalty_equals_hf_greedy(tiny_llama, monkeypatch, seed):
     prompt = random_prompt(seed, length=10, repeat=3)
     expected = tiny_llama.generate(prompt, max_new_tokens=24, do_sample=False, repetition_penalty=1.3, eos_token_id=[])
-    monkeypatch.setattr(engine, "walks_on_host", lambda *_: False)
+    monkeypatch.setattr(readout, "walks_on_host", lambda *_: False)
     assert torch.equal(plugin(tiny_llama, prompt, repetition_penalty=1.3), expected)
 
 
@@ -193,7 +193,7 @@ def test_the_device_path_samples_the_cpu_paths_tokens_for_a_seed(tiny_llama, mon
     prompt = random_prompt(seed, length=10, repeat=3)
     options = dict(do_sample=True, temperature=0.7, top_k=40, top_p=0.95, draft_seed=seed)
     node_by_node = plugin(tiny_llama, prompt, **options)
-    monkeypatch.setattr(engine, "walks_on_host", lambda *_: False)
+    monkeypatch.setattr(readout, "walks_on_host", lambda *_: False)
     assert torch.equal(plugin(tiny_llama, prompt, **options), node_by_node)
 
 
@@ -210,5 +210,5 @@ def test_the_batch_device_path_gives_the_batch_cpu_paths_tokens(tiny_llama, monk
         adaptive_tree=False, tree_budget=8, eos_token_id=[], **options,
     )
     node_by_node = run()
-    monkeypatch.setattr(batch_engine, "walks_on_host", lambda *_: False)
+    monkeypatch.setattr(readout, "walks_on_host", lambda *_: False)
     assert torch.equal(run(), node_by_node)

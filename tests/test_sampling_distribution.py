@@ -40,7 +40,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-import retrieval_draft.decode.engine as engine
+import retrieval_draft.decode.readout as readout
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
 from retrieval_draft.decode.tree import DraftTree, build_tree
 from retrieval_draft.decode.verify import Verdict, node_scores, verify_sampling
@@ -440,7 +440,7 @@ def test_engine_sampling_matches_the_exact_distribution(model, engine_conditiona
 
 
 def test_engine_with_resampling_from_p_exceeds_the_bound(model, engine_conditionals, monkeypatch):
-    monkeypatch.setattr(engine, "verify_sampling", resample_from_p)
+    monkeypatch.setattr(readout, "verify_sampling", resample_from_p)
     joint = exact_joint(engine_conditionals)
     draws = engine_draws(model, ENGINE_CONTROL_RUNS, engine_conditionals)
     tv, bound = empirical_tv(encode(draws), joint), tv_bound(joint, ENGINE_CONTROL_RUNS)

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from retrieval_draft.decode.engine import DecodeOptions, StopCheck, cut_at_stop
-from retrieval_draft.decode.readout import TreeJob, read_verdicts, walks_on_host
+from retrieval_draft.decode.readout import TreeJob, verify_trees
 from retrieval_draft.decode.tree import DraftTree, build_tree
-from retrieval_draft.decode.verify import LogitsProcessor, Verdict, verify_greedy, verify_sampling
+from retrieval_draft.decode.verify import LogitsProcessor, Verdict
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.planning.batch_planner import BatchPlanner
 from retrieval_draft.planning.timing import ForwardTimer
@@ -198,25 +198,9 @@ def _row_generator(generator: torch.Generator | None) -> torch.Generator | None:
 def _verify(trees: list[DraftTree], logits: list[torch.Tensor], rows: list[_Row], options, processor) -> list[Verdict]:
     """Greedy or sampling verification of each row's tree (``logits[i]``: (n_i, V)), the rows'
     tree-observing drafters fed from the same host read (one read for all rows)."""
-    verdicts: list[Verdict | None] = [None] * len(rows)
-    jobs, fused = [], []
-    for i, (tree, row_logits, row) in enumerate(zip(trees, logits, rows)):
-        observers = [drafter for drafter in row.drafters if drafter.observes_trees]
-        if not walks_on_host(row_logits.device, options.do_sample, processor):
-            jobs.append(TreeJob(tree, row_logits, row.padded(), row.generator, observers))
-            fused.append(i)
-            continue
-        prefix = torch.from_numpy(row.padded())
-        if options.do_sample:
-            verdicts[i] = verify_sampling(tree, row_logits, processor, prefix, row.generator)
-        else:
-            verdicts[i] = verify_greedy(tree, row_logits, processor, prefix)
-        for observer in observers:
-            observer.observe_tree(tree.tokens, row_logits)
-    if jobs:
-        for i, verdict in zip(fused, read_verdicts(jobs, processor, options.do_sample)):
-            verdicts[i] = verdict
-    return verdicts
+    jobs = [TreeJob(tree, row_logits, row.padded(), row.generator, [d for d in row.drafters if d.observes_trees])
+            for tree, row_logits, row in zip(trees, logits, rows)]
+    return verify_trees(jobs, processor, options.do_sample)
 
 
 def _emit(row: _Row, new: np.ndarray, options: DecodeOptions, should_stop: StopCheck | None) -> None:

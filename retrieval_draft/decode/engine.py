@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from retrieval_draft.config import DEFAULTS
-from retrieval_draft.decode.readout import TreeJob, read_verdicts, walks_on_host
+from retrieval_draft.decode.readout import TreeJob, verify_trees
 from retrieval_draft.decode.tree import build_tree
-from retrieval_draft.decode.verify import LogitsProcessor, Verdict, verify_greedy, verify_sampling
+from retrieval_draft.decode.verify import LogitsProcessor, Verdict
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.planning.planner import TreePlanner
@@ -199,16 +199,7 @@ def _emitted_rows(logits: torch.Tensor, verdict: Verdict, count: int) -> torch.T
 def _verify(tree, logits, context, options, processor, generator, observers) -> Verdict:
     """Greedy or sampling verification of ``tree`` (``logits``: (n, V)); ``context`` (shape (L,))
     runs through the root. ``observers`` record the tree from the same host read."""
-    if not walks_on_host(logits.device, options.do_sample, processor):
-        return read_verdicts([TreeJob(tree, logits, context, generator, observers)], processor, options.do_sample)[0]
-    prefix = torch.from_numpy(context)
-    if options.do_sample:
-        verdict = verify_sampling(tree, logits, processor, prefix, generator)
-    else:
-        verdict = verify_greedy(tree, logits, processor, prefix)
-    for observer in observers:
-        observer.observe_tree(tree.tokens, logits)
-    return verdict
+    return verify_trees([TreeJob(tree, logits, context, generator, observers)], processor, options.do_sample)[0]
 
 
 def cut_at_stop(

@@ -24,7 +24,9 @@ import numpy as np
 import torch
 
 from retrieval_draft.decode.tree import DraftTree
-from retrieval_draft.decode.verify import LogitsProcessor, Verdict, greedy_choices, has_processor, sampling_choices, walk
+from retrieval_draft.decode.verify import (
+    LogitsProcessor, Verdict, greedy_choices, has_processor, sampling_choices, verify_greedy, verify_sampling, walk,
+)
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.target.transfer import to_host
 
@@ -52,6 +54,28 @@ def walks_on_host(device: torch.device, do_sample: bool, processor: LogitsProces
     """Whether to verify node by node (``verify_greedy`` / ``verify_sampling``) instead of
     ``read_verdicts``: on CPU, when sampling or processing (there the lazy walk does less work)."""
     return device.type == "cpu" and (do_sample or has_processor(processor))
+
+
+def verify_trees(jobs: Sequence[TreeJob], processor: LogitsProcessor | None, do_sample: bool) -> list[Verdict]:
+    """Every job's verdict, its observers fed: node by node on the host where ``walks_on_host``
+    says so, all the other jobs together with ONE host read (``read_verdicts``)."""
+    verdicts: list[Verdict | None] = [None] * len(jobs)
+    fused = []
+    for i, job in enumerate(jobs):
+        if not walks_on_host(job.logits.device, do_sample, processor):
+            fused.append(i)
+            continue
+        prefix = torch.from_numpy(job.prefix)
+        if do_sample:
+            verdicts[i] = verify_sampling(job.tree, job.logits, processor, prefix, job.generator)
+        else:
+            verdicts[i] = verify_greedy(job.tree, job.logits, processor, prefix)
+        for observer in job.observers:
+            observer.observe_tree(job.tree.tokens, job.logits)
+    if fused:
+        for i, verdict in zip(fused, read_verdicts([jobs[i] for i in fused], processor, do_sample)):
+            verdicts[i] = verdict
+    return verdicts
 
 
 def read_verdicts(jobs: Sequence[TreeJob], processor: LogitsProcessor | None, do_sample: bool) -> list[Verdict]:
