@@ -145,7 +145,8 @@ def _step(model, rows: list[_Row], options, planner: BatchPlanner, processor, sh
     allowed = {name for name in sorted(names) if planner.should_ask(name)}
     asked = [_ask_drafters(row, allowed, options, planner.max_nodes) for row in rows]
     drafts = [[(name, draft) for name, (proposed, _) in row_asked.items() for draft in proposed] for row_asked in asked]
-    trees = planner.plan([int(row.context[row.emitted - 1]) for row in rows], drafts)
+    roots = [int(row.context[row.emitted - 1]) for row in rows]
+    trees = [model.verifiable(tree) for tree in planner.plan(roots, drafts)]
     tock = time.perf_counter()
     timer.start()
     logits = model.score_trees(trees)

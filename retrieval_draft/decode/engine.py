@@ -140,7 +140,7 @@ def speculative_decode(
         tick = time.perf_counter()
         asked = _ask_drafters(drafters, context[:emitted], remaining, options, planner)
         drafts = [(name, draft) for name, (proposed, _) in asked.items() for draft in proposed]
-        tree = planner.plan(int(context[emitted - 1]), drafts)
+        tree = model.verifiable(planner.plan(int(context[emitted - 1]), drafts))
         tock = time.perf_counter()
         timer.start()
         logits = model.score_tree(tree)

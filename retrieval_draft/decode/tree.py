@@ -89,6 +89,24 @@ class DraftTree:
             probs=self.probs[keep],
         )
 
+    def best_chain(self) -> "DraftTree":
+        """The tree's most probable root-to-leaf path as a tree of its own: from the root, the
+        child of highest ``probs`` at each step (ties to the lower index). Returns ``self``
+        when the tree already is a chain."""
+        if np.all(self.parents[1:] == np.arange(self.size - 1)):
+            return self
+        kids = self.children()
+        path = [0]
+        while kids[path[-1]]:
+            path.append(kids[path[-1]][0])
+        keep = np.asarray(path, dtype=np.int64)
+        return DraftTree(
+            tokens=self.tokens[keep],
+            parents=np.arange(-1, keep.shape[0] - 1, dtype=np.int64),
+            depths=self.depths[keep],
+            probs=self.probs[keep],
+        )
+
     def path_to(self, node: int) -> np.ndarray:
         """Node indices from the root's first child down to ``node`` (root excluded)."""
         path = []

@@ -29,11 +29,11 @@ import torch
 
 from retrieval_draft.decode.tree import DraftTree
 from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.target.attention_layout import CHAIN, attention_layout
 from retrieval_draft.target.kv_cache import growing_cache
 from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linears
 from retrieval_draft.target.transfer import to_device
 from retrieval_draft.target.tree_attention import sdpa_configs, tree_attention
-from retrieval_draft.target.tree_model import check_tree_support
 
 
 class BatchTreeModel:
@@ -42,12 +42,10 @@ class BatchTreeModel:
     def __init__(self, model: torch.nn.Module, skinny_sizes: frozenset | None = None) -> None:
         """``skinny_sizes``: total forward sizes (rows x width) that use the skinny matmul on CPU
         (default ``SKINNY_ROWS``; ``VerifyCost.skinny_sizes`` holds the measured choice)."""
-        check_tree_support(model)
+        self.layout = attention_layout(model)
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self._window = getattr(model.config, "sliding_window", None)
-        self._sliding = "sliding_attention" in set(getattr(model.config, "layer_types", None) or ())
         self._sdpa_configs = sdpa_configs(model)
         self._skinny = eligible_linears(model) if self.device.type == "cpu" else []
         self.skinny_sizes = frozenset(SKINNY_ROWS if skinny_sizes is None else skinny_sizes) if self._skinny else frozenset()
@@ -76,7 +74,7 @@ class BatchTreeModel:
         out = self.model(
             input_ids=input_ids.to(self.device),
             attention_mask=mask.to(self.device),
-            position_ids=positions.to(self.device),
+            **self._positions(positions.to(self.device)),
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1,
@@ -88,9 +86,14 @@ class BatchTreeModel:
         self.next_pos = self.visible.sum(axis=1).astype(np.int64)
         return out.logits[:, -1].float()
 
+    def verifiable(self, tree: DraftTree) -> DraftTree:
+        """``tree`` as this model can score it: itself, or its best chain in chain mode."""
+        return tree.best_chain() if self.layout.mode == CHAIN else tree
+
     @torch.no_grad()
     def score_trees(self, trees: list[DraftTree]) -> torch.Tensor:
-        """One forward over every row's tree (``trees[i]`` for row i, root first).
+        """One forward over every row's tree (``trees[i]`` for row i, root first; chains in
+        chain mode, see ``verifiable``).
 
         Returns logits of shape (B, W, V), float32, W = the largest tree; row i's
         entries past ``trees[i].size`` belong to dead slots and mean nothing.
@@ -103,10 +106,11 @@ class BatchTreeModel:
         positions = self.next_pos[:, None] + depths  # (B, W)
         tokens_t, positions_t, mask = self._inputs(tokens, positions, among)
         skinny = self._skinny if self.rows * width in self.skinny_sizes else []
-        with tree_attention(self._sdpa_configs), skinny_linears(skinny):
+        grouped = [] if self.layout.mode == CHAIN else self._sdpa_configs
+        with tree_attention(grouped), skinny_linears(skinny):
             out = self.model(
                 input_ids=tokens_t,
-                position_ids=positions_t,
+                **self._positions(positions_t),
                 attention_mask=mask,
                 past_key_values=self.cache,
                 use_cache=True,
@@ -187,23 +191,23 @@ class BatchTreeModel:
             among[row, :n, :n] = tree.ancestor_mask()
         return tokens, depths, among
 
-    def _inputs(self, tokens: np.ndarray, positions: np.ndarray, among: np.ndarray):
-        """Token ids (B, W), position ids (B, W) and the additive (B, 1, W, T + W) mask in the
-        model's dtype (a dict of them by layer type with sliding windows), on the model's
-        device in ONE host copy. ``among``: (B, W, W) bool, which new slots each new slot sees."""
-        rows, width = positions.shape
-        cache = np.broadcast_to(self.visible[:, None, :], (rows, width, self.length))
-        allowed = [np.concatenate([cache, among], axis=2)]
-        if self._sliding and self._window:
-            key_pos = np.concatenate([self.slot_pos, positions], axis=1)
-            allowed.append(allowed[0] & ((positions[:, :, None] - key_pos[:, None, :]) < self._window))
-        moved = to_device([tokens, positions, *allowed], self.device)
-        masks = [self._additive(seen) for seen in moved[2:]]
-        mask = masks[0] if len(masks) == 1 else {"full_attention": masks[0], "sliding_attention": masks[1]}
-        return moved[0], moved[1], mask
+    def _positions(self, positions: torch.Tensor) -> dict:
+        """``position_ids=positions`` for models whose forward takes them (else nothing)."""
+        return {"position_ids": positions} if self.layout.takes_positions else {}
 
-    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
-        """(B, W, K) bool -> (B, 1, W, K) additive mask in the model's dtype, on ``allowed``'s device."""
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        return mask[:, None]
+    def _inputs(self, tokens: np.ndarray, positions: np.ndarray, among: np.ndarray):
+        """Token ids (B, W), position ids (B, W) and the mask, on the model's device in ONE host
+        copy. ``among``: (B, W, W) bool, which new slots each new slot sees. The mask is the
+        additive (B, 1, W, T + W) one in the model's dtype (a dict of them by layer kind, see
+        ``AttentionLayout.masks``), or in chain mode the (B, T + W) 0/1 mask of real slots,
+        from which the model builds its own causal mask (chains need nothing more)."""
+        rows, width = positions.shape
+        if self.layout.mode == CHAIN:
+            slots = np.concatenate([self.visible, np.ones((rows, width), dtype=bool)], axis=1).astype(np.int64)
+            moved = to_device([tokens, positions, slots], self.device)
+            return moved[0], moved[1], moved[2]
+        cache = np.broadcast_to(self.visible[:, None, :], (rows, width, self.length))
+        allowed = np.concatenate([cache, among], axis=2)
+        key_pos = np.concatenate([self.slot_pos, positions], axis=1)
+        tokens_t, positions_t, allowed_t, key_pos_t = to_device([tokens, positions, allowed, key_pos], self.device)
+        return tokens_t, positions_t, self.layout.masks(allowed_t, positions_t, key_pos_t, self.dtype)

@@ -2,44 +2,23 @@
 
 ``TreeModel`` wraps a causal LM and its KV cache: prefill a prompt, score a
 token tree in one forward pass (4D additive mask + per-node position ids),
-then keep only the accepted nodes' KV rows. Batch size is 1.
+then keep only the accepted nodes' KV rows. Batch size is 1. Models that
+cannot take a tree mask (``attention_layout``) score one chain, the tree's
+best path, with their own causal masking.
 """
 
 from __future__ import annotations
-
-import inspect
 
 import numpy as np
 import torch
 
 from retrieval_draft.decode.tree import DraftTree
-from retrieval_draft.errors import InvalidInputError, UnsupportedModelError
+from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.target.attention_layout import CHAIN, attention_layout
 from retrieval_draft.target.kv_cache import growing_cache
 from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linears
 from retrieval_draft.target.transfer import to_device
 from retrieval_draft.target.tree_attention import sdpa_configs, tree_attention
-
-_MASKABLE_ATTENTION = ("sdpa", "eager")
-
-
-def check_tree_support(model: torch.nn.Module) -> None:
-    """Raise UnsupportedModelError unless ``model`` can score a tree with a 4D mask."""
-    config = model.config
-    if getattr(config, "is_encoder_decoder", False):
-        raise UnsupportedModelError(f"{type(model).__name__} is an encoder-decoder; only decoder-only LMs are supported")
-    params = inspect.signature(model.forward).parameters
-    if "position_ids" not in params or "attention_mask" not in params:
-        raise UnsupportedModelError(f"{type(model).__name__}.forward takes no position_ids/attention_mask")
-    impl = getattr(config, "_attn_implementation", None)
-    if impl not in _MASKABLE_ATTENTION:
-        raise UnsupportedModelError(
-            f"attention implementation {impl!r} cannot take a 4D tree mask; load the model with "
-            f"attn_implementation='sdpa' or 'eager'"
-        )
-    layer_types = set(getattr(config, "layer_types", None) or ())
-    if layer_types - {"full_attention", "sliding_attention"}:
-        raise UnsupportedModelError(f"layer types {sorted(layer_types)} are not supported (no KV cache compaction)")
-
 
 def context_limit(model: torch.nn.Module) -> int | None:
     """The model's maximum sequence length in tokens, when its config states one."""
@@ -59,13 +38,10 @@ class TreeModel:
         (default ``SKINNY_ROWS``; ``VerifyCost.skinny_sizes`` holds the measured choice).
         ``grouped_attention``: tree forwards read grouped-query KV heads in place
         (``tree_attention``); the attribute of that name can be switched later."""
-        check_tree_support(model)
+        self.layout = attention_layout(model)
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        config = model.config
-        self._window = getattr(config, "sliding_window", None)
-        self._layer_types = set(getattr(config, "layer_types", None) or ())
         self.cache = growing_cache()
         self.past_len = 0
         self._sdpa_configs = sdpa_configs(model)
@@ -80,7 +56,7 @@ class TreeModel:
         length = input_ids.shape[1]
         out = self.model(
             input_ids=input_ids.to(self.device),
-            position_ids=torch.arange(length, device=self.device).unsqueeze(0),
+            **self._positions(torch.arange(length, device=self.device).unsqueeze(0)),
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1,
@@ -88,27 +64,39 @@ class TreeModel:
         self.past_len = length
         return out.logits[0, -1].float()
 
+    def verifiable(self, tree: DraftTree) -> DraftTree:
+        """``tree`` as this model can score it: itself, or its best chain in chain mode."""
+        return tree.best_chain() if self.layout.mode == CHAIN else tree
+
     @torch.no_grad()
     def score_tree(self, tree: DraftTree) -> torch.Tensor:
         """One forward pass over every tree node; return logits of shape (n, V), float32.
 
-        Afterwards the cache holds ``past_len + n`` rows until ``keep`` trims it.
+        In chain mode ``tree`` must be a chain (``verifiable``). Afterwards the cache
+        holds ``past_len + n`` rows until ``keep`` trims it.
         """
-        # A lone root sees the whole cache: the model's own single-token path
-        # (no explicit mask) is what plain decoding runs, and it is faster.
-        lone = tree.size == 1 and "sliding_attention" not in self._layer_types
+        chain = self.layout.mode == CHAIN
+        if chain and tree.size != int(tree.depths[-1]) + 1:
+            raise InvalidInputError("this model verifies chains only: pass TreeModel.verifiable(tree)")
+        # A lone root (or a chain) sees the whole cache through the model's own causal
+        # mask: what plain decoding runs, and faster. Windowed layers need our mask.
+        own_mask = chain or (tree.size == 1 and not self.layout.windowed)
         skinny = self._skinny if tree.size in self.skinny_sizes else []
-        grouped = self._sdpa_configs if self.grouped_attention and not lone else []
-        tokens, positions, mask = self.tree_inputs(tree, masked=not lone)
+        grouped = self._sdpa_configs if self.grouped_attention and not own_mask else []
+        tokens, positions, mask = self.tree_inputs(tree, masked=not own_mask)
         with tree_attention(grouped), skinny_linears(skinny):
             out = self.model(
                 input_ids=tokens[None],
-                position_ids=positions[None],
+                **self._positions(positions[None]),
                 attention_mask=mask,
                 past_key_values=self.cache,
                 use_cache=True,
             )
         return out.logits[0].float()
+
+    def _positions(self, positions: torch.Tensor) -> dict:
+        """``position_ids=positions`` for models whose forward takes them (else nothing)."""
+        return {"position_ids": positions} if self.layout.takes_positions else {}
 
     def tree_inputs(self, tree: DraftTree, masked: bool = True):
         """The forward's inputs for ``tree`` (n nodes), on the model's device in ONE host copy:
@@ -141,20 +129,16 @@ class TreeModel:
 
         ``visible``: (n, n) bool, which new tokens each new token may see. The
         cache's ``past_len`` rows sit at positions 0..past_len-1 and are all
-        visible, except beyond a sliding window on sliding-attention layers.
-        Returns a (1, 1, n, past_len + n) tensor in the model's dtype (0 = attend,
-        the dtype's lowest value = blocked), or a dict of them keyed by layer
-        type for models that mix full and sliding attention. Built on the device.
+        visible, except where a layer kind's window or chunk hides them
+        (``AttentionLayout.masks``). Returns a (1, 1, n, past_len + n) tensor in
+        the model's dtype (0 = attend, the dtype's lowest value = blocked), or a
+        dict of them keyed by layer kind. Built on the device.
         """
         n = positions.shape[0]
-        lowest = torch.finfo(self.dtype).min
-        full = torch.zeros((1, 1, n, past_len + n), dtype=self.dtype, device=positions.device)
-        full[0, 0, :, past_len:].masked_fill_(~visible, lowest)
-        if "sliding_attention" not in self._layer_types or not self._window:
-            return full
+        allowed = torch.ones((1, n, past_len + n), dtype=torch.bool, device=positions.device)
+        allowed[0, :, past_len:] = visible
         key_pos = torch.cat([torch.arange(past_len, device=positions.device), positions])
-        outside = (positions[:, None] - key_pos[None, :]) >= self._window
-        return {"full_attention": full, "sliding_attention": full.masked_fill(outside, lowest)}
+        return self.layout.masks(allowed, positions[None], key_pos[None], self.dtype)
 
 
 def validate_prompt(input_ids: torch.Tensor, max_new_tokens: int, vocab_size: int, limit: int | None) -> None:

@@ -1,0 +1,159 @@
+"""How a model masks attention, read from its config the way transformers reads it.
+
+transformers 5 builds a decoder's masks by one rule (``masking_utils.create_masks_for_generate``
+states it for every model): a config with ``layer_types`` gets one mask per layer kind, keyed
+by kind; otherwise a config with ``sliding_window`` slides every layer (Mistral, Mixtral,
+Starcoder2, Phi-3, Qwen3-MoE), and one with ``attention_chunk_size`` chunks every layer;
+otherwise attention is plainly causal. A 4D mask passed in is used as it is, so a tree mask
+must carry each kind's rule itself.
+
+``attention_layout(model)`` returns that rule as an ``AttentionLayout``: the mask kinds, whether
+the model reads masks keyed by kind, and how trees are verified:
+
+- ``"tree"``: a whole token tree in one forward (4D additive mask, per-node position ids);
+- ``"chain"``: the tree's best path with the model's own causal masking and no explicit
+  mask, as HF's assisted decoding verifies (position biases such as ALiBi, attention kinds a
+  4D mask cannot express, attention implementations that take no 4D mask);
+
+and it raises ``UnsupportedModelError`` for models whose cache holds recurrent state that
+cannot be cut back to the accepted tokens (state-space, linear-attention and convolution layers).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from retrieval_draft.errors import UnsupportedModelError
+
+FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
+TREE, CHAIN = "tree", "chain"
+_MASKABLE_ATTENTION = frozenset({"sdpa", "eager"})
+# Layer kinds whose cache keeps a running state instead of one KV row per token.
+_RECURRENT_KINDS = frozenset({
+    "linear_attention", "conv", "hybrid", "hybrid_sliding", "mamba", "mamba2", "attention_mamba", "recurrent",
+    "rglru", "ssm", "deltanet", "gated_deltanet", "mlstm", "slstm",
+})
+
+
+@dataclass(frozen=True)
+class MaskKind:
+    """One attention rule: ``key`` names it in a keyed mask dict; ``span`` is the window or
+    chunk length in tokens (None for full causal attention)."""
+
+    key: str
+    span: int | None = None
+
+    def allows(self, query_pos, key_pos):
+        """Which keys a query may see beyond causality, by position id, for a kind with a span: bool,
+        ``query_pos[..., :, None]`` broadcast against ``key_pos[..., None, :]`` (numpy or torch alike)."""
+        q, k = query_pos[..., :, None], key_pos[..., None, :]
+        if self.key == CHUNKED:
+            return (q // self.span) == (k // self.span)
+        return (q - k) < self.span  # a sliding window: the last ``span`` positions, the query's own included
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """A model's attention rule for tree verification.
+
+    Attributes:
+        kinds: the distinct mask kinds its layers use (one for most models).
+        keyed: the model reads a dict of 4D masks keyed by ``MaskKind.key``.
+        mode: ``TREE`` or ``CHAIN``.
+        chain_reason: why trees are verified as chains (None in tree mode).
+        takes_positions: ``forward`` accepts ``position_ids``.
+    """
+
+    kinds: tuple[MaskKind, ...]
+    keyed: bool
+    mode: str
+    chain_reason: str | None
+    takes_positions: bool
+
+    @property
+    def windowed(self) -> bool:
+        """Some layer sees less than the whole causal past (a sliding window or a chunk)."""
+        return any(kind.span is not None for kind in self.kinds)
+
+    def masks(self, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor, dtype: torch.dtype):
+        """Additive masks for ``allowed`` (B, n, K) bool (causal and tree visibility), narrowed by each
+        kind's rule over position ids ``query_pos`` (B, n) and ``key_pos`` (B, K).
+
+        Returns one (B, 1, n, K) tensor in ``dtype`` (0 = attend, the dtype's lowest value =
+        blocked), or a dict of them keyed by kind when the model reads keyed masks.
+        """
+        built = {}
+        for kind in self.kinds:
+            seen = allowed if kind.span is None else allowed & kind.allows(query_pos, key_pos)
+            mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
+            built[kind.key] = mask.masked_fill_(~seen, torch.finfo(dtype).min)[:, None]
+        return built if self.keyed else built[self.kinds[0].key]
+
+
+def attention_layout(model: torch.nn.Module) -> AttentionLayout:
+    """The attention rule of ``model`` (a decoder-only causal LM); raises ``UnsupportedModelError``
+    for encoder-decoders and for caches that cannot be cut back."""
+    config = model.config
+    name = type(model).__name__
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedModelError(f"{name} is an encoder-decoder; only decoder-only LMs are supported")
+    params = inspect.signature(model.forward).parameters
+    if "past_key_values" not in params:
+        raise UnsupportedModelError(
+            f"{name} keeps a recurrent state instead of a KV cache, which cannot be cut back to accepted tokens"
+        )
+    layer_types = tuple(getattr(config, "layer_types", None) or ())
+    recurrent = sorted(set(layer_types) & _RECURRENT_KINDS) or _block_types(config)
+    if recurrent:
+        raise UnsupportedModelError(
+            f"{name} has recurrent layers ({', '.join(recurrent)}) whose state cannot be cut back to accepted tokens"
+        )
+    kinds, keyed, unknown = _mask_kinds(config, layer_types)
+    takes_positions = "position_ids" in params
+    reason = _chain_reason(config, params, unknown)
+    return AttentionLayout(kinds, keyed, CHAIN if reason else TREE, reason, takes_positions)
+
+
+def _mask_kinds(config, layer_types: tuple) -> tuple[tuple[MaskKind, ...], bool, list[str]]:
+    """(kinds, keyed, layer kinds no 4D tree mask can express), by transformers' own rule."""
+    window = getattr(config, "sliding_window", None)
+    chunk = getattr(config, "attention_chunk_size", None)
+    if layer_types:
+        spans = {FULL: None, SLIDING: window, CHUNKED: chunk}
+        known = [t for t in dict.fromkeys(layer_types) if t in spans and (t == FULL or spans[t])]
+        unknown = sorted(set(layer_types) - set(known))
+        return tuple(MaskKind(t, spans[t]) for t in known) or (MaskKind(FULL),), True, unknown
+    if window:
+        return (MaskKind(SLIDING, int(window)),), False, []
+    if chunk:
+        return (MaskKind(CHUNKED, int(chunk)),), False, []
+    return (MaskKind(FULL),), False, []
+
+
+def _chain_reason(config, params, unknown: list[str]) -> str | None:
+    """Why this model cannot take a 4D tree mask with per-node positions (None when it can)."""
+    if "position_ids" not in params or "attention_mask" not in params:
+        return "its forward takes no position_ids (position biases such as ALiBi)"
+    if any(getattr(config, flag, False) for flag in ("alibi", "use_alibi")):
+        return "ALiBi position biases"
+    if unknown:
+        return f"layer kinds {unknown} have no tree mask"
+    impl = getattr(config, "_attn_implementation", None)
+    if impl not in _MASKABLE_ATTENTION:
+        return f"attention implementation {impl!r} takes no 4D mask (load with attn_implementation='sdpa' for trees)"
+    return None
+
+
+def _block_types(config) -> list[str]:
+    """Recurrent block kinds named by configs that list blocks outside ``layer_types``."""
+    for field in ("layers_block_type", "hybrid_override_pattern", "block_types"):
+        value = getattr(config, field, None)
+        if isinstance(value, (list, tuple)):
+            found = sorted({str(v) for v in value} & (_RECURRENT_KINDS | {"M", "mamba"}))
+            if found:
+                return found
+    return []
+
