@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
+import shutil
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,8 +25,10 @@ from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.errors import InvalidInputError
 from tests.conftest import TINY_VOCAB, random_prompt
 from tests.datastore_fixtures import bpe_tokenizer, word_tokenizer
+from tools.hub_check import FOLDER
+from tools.hub_check import main as hub_check
 
-HUB_FOLDER = str(Path(__file__).resolve().parents[1] / "hub" / "retrieval-draft")
+HUB_FOLDER = str(FOLDER)  # hub/retrieval-draft in this checkout
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -167,3 +169,23 @@ def test_an_uninstalled_package_stops_at_transformers_requirements_check(tiny_ll
     monkeypatch.setattr(importlib.metadata, "version", version)
     with pytest.raises(ImportError, match=r"retrieval-draft>=0\.1\.0 \(installed: None\)"):
         hub_generate(tiny_llama, random_prompt(8), 4)
+
+
+def test_hub_check_passes_on_the_folder(capsys):
+    assert hub_check(["--max-new-tokens", "8"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines[1:]] == [
+        [name, "ok"] for name in ("requirements", "load", "greedy", "streamer", "options")
+    ]
+
+
+def test_hub_check_fails_a_folder_that_drops_the_streamer(tmp_path, capsys):
+    folder = tmp_path / "dropping-streamer"
+    shutil.copytree(HUB_FOLDER, folder)
+    code = folder / "custom_generate" / "generate.py"
+    passing = "draft_streamer=streamer if streamer is not None else draft_streamer,"
+    assert passing in code.read_text()
+    code.write_text(code.read_text().replace(passing, "draft_streamer=draft_streamer,"))
+    assert hub_check(["--folder", str(folder), "--max-new-tokens", "8"]) == 1
+    failed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if " FAILED " in line]
+    assert failed == ["streamer"]
