@@ -142,11 +142,6 @@ def test_streamer_and_draft_streamer_together_are_refused(tiny_llama):
         hub_generate(tiny_llama, random_prompt(5), 4, streamer=RecordingStreamer(), draft_streamer=RecordingStreamer())
 
 
-def test_without_trust_remote_code_the_folder_does_not_run(tiny_llama):
-    with pytest.raises(ValueError, match="trust_remote_code=True"):
-        tiny_llama.generate(random_prompt(6), max_new_tokens=4, custom_generate=HUB_FOLDER, trust_remote_code=False)
-
-
 def test_an_unimportable_package_fails_in_one_line_naming_pip_install(tiny_llama, monkeypatch):
     for name in [n for n in sys.modules if n.startswith("transformers_modules.") and "retrieval_hyphen_draft" in n]:
         monkeypatch.delitem(sys.modules, name)  # so transformers executes generate.py afresh
