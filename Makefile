@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_STORE := .cache/stdlib-datastore
 
-.PHONY: demo test setup clean
+.PHONY: demo test hub-check setup clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The Hub route's folder (hub/retrieval-draft) against the installed transformers, on a tiny random model.
+hub-check: $(STAMP)
+	$(BIN)/python -m tools.hub_check
 
 clean:
 	rm -rf $(VENV) .cache
