@@ -48,12 +48,12 @@ def test_bfloat16_parts_from_greedy_only_at_near_ties(session):
 
     model = copy.deepcopy(session.model).to(torch.bfloat16)
     accepted = []
-    for prompt, chat in [(CODE, False), (EDIT, True), ("Write a haiku about rain.", True)]:
+    for prompt, chat in [(CODE, False), (EDIT, True)]:  # bf16 matmuls are slow on CPUs without bf16 units
         ids = session.encode(GenerationRequest(prompt=prompt, chat=chat))
-        plain = model.generate(ids, max_new_tokens=32, do_sample=False, output_logits=True,
+        plain = model.generate(ids, max_new_tokens=24, do_sample=False, output_logits=True,
                                return_dict_in_generate=True)
         stats = retrieval_draft.DecodeStats()
-        got = model.generate(ids, max_new_tokens=32, custom_generate=retrieval_draft.generate, draft_stats=stats)
+        got = model.generate(ids, max_new_tokens=24, custom_generate=retrieval_draft.generate, draft_stats=stats)
         start = ids.shape[1]
         split = first_divergence(plain.sequences[0, start:], got[0, start:], torch.stack(plain.logits)[:, 0],
                                  torch.bfloat16)
