@@ -88,11 +88,11 @@ def check_target(out: Path, root: Path) -> dict | None:
     return manifest
 
 
-def check_tokenizer(manifest: dict, tokenizer, out: Path) -> None:
-    """TokenizerMismatchError when the store at ``out`` was built with another tokenizer."""
+def check_tokenizer(manifest: dict, header: dict, out: Path) -> None:
+    """TokenizerMismatchError when the store at ``out`` was built with another tokenizer than the one
+    ``header`` (fingerprint, vocab_size) describes."""
     stored = manifest["tokenizer"]
-    if (stored["fingerprint"] != tokenizer_fingerprint(tokenizer)
-            or stored["vocab_size"] != tokenizer_vocab_size(tokenizer)):
+    if stored["fingerprint"] != header["fingerprint"] or stored["vocab_size"] != header["vocab_size"]:
         raise TokenizerMismatchError(f"--out {out} was built with another tokenizer; use that one or another path")
 
 
@@ -151,18 +151,17 @@ def update_repo_store(src: Path, out: Path, tokenizer, *, options: SourceOptions
     start = time.perf_counter()
     root, out = check_source_root(Path(src)), Path(out).resolve()
     old = check_target(out, root)
+    header = {"vocab_size": tokenizer_vocab_size(tokenizer), "fingerprint": tokenizer_fingerprint(tokenizer)}
     if old is not None:
-        check_tokenizer(old, tokenizer, out)
+        check_tokenizer(old, header, out)
     previous = load_previous(out, old) if old is not None else PreviousStore({}, {})
     lister, paths = list_sources(root, options)
     sources = [s for s in (read_source(root, p) for p in paths) if s is not None]
-    vocab_size = tokenizer_vocab_size(tokenizer)
-    fresh = _tokenise_new(sources, previous, tokenizer, vocab_size)
-    tokens, entries = _stream(sources, {**previous.ids, **fresh}, token_dtype(vocab_size))
+    fresh = _tokenise_new(sources, previous, tokenizer, header["vocab_size"])
+    tokens, entries = _stream(sources, {**previous.ids, **fresh}, token_dtype(header["vocab_size"]))
     if tokens.size == 0:
         raise EmptyCorpusError(f"no source file under {root} produced tokens")
-    header = {"vocab_size": vocab_size, "fingerprint": tokenizer_fingerprint(tokenizer),
-              "documents": sum(e.length > 0 for e in entries)}
+    header["documents"] = sum(e.length > 0 for e in entries)
     repo = {"root": str(root), "lister": lister, "globs": list(options.globs), "excludes": list(options.excludes)}
     _write(out, tokens, entries, header, params, repo)
     return RepoUpdate(out, len(entries), **_classify(previous.hashes, sources), tokenised=len(fresh),
