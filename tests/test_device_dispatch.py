@@ -17,8 +17,8 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from retrieval_draft.decode import engine
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
-from retrieval_draft.decode.tree import DraftTree, build_tree
-from retrieval_draft.drafters.base import Draft
+from retrieval_draft.tree import DraftTree, build_tree
+from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.planning import cost
 from retrieval_draft.planning.planner import TreePlanner

@@ -23,9 +23,9 @@ from retrieval_draft.decode import readout
 from retrieval_draft.decode.batch_engine import batch_decode
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
 from retrieval_draft.decode.readout import TreeJob, read_verdicts
-from retrieval_draft.decode.tree import build_tree
+from retrieval_draft.tree import build_tree
 from retrieval_draft.decode.verify import verify_greedy, verify_sampling
-from retrieval_draft.drafters.base import Draft
+from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.planning.batch_planner import BatchPlanner

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import retrieval_draft
-from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.draft import Draft
+from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.planning.calibration import AcceptanceCalibrator
 from retrieval_draft.planning.cost import VerifyCost, measure_cost
@@ -139,7 +140,7 @@ def test_a_prefix_shared_by_one_drafters_branches_is_graded_once():
 
 
 def test_siblings_conditional_probabilities_are_capped_at_one():
-    from retrieval_draft.decode.tree import merge_drafts
+    from retrieval_draft.tree import merge_drafts
     from retrieval_draft.planning.planner import cap_siblings
 
     tree = cap_siblings(merge_drafts(0, [chain([1, 2], [0.9, 0.5]), chain([3], [0.9]), chain([4], [0.2])]))

@@ -20,7 +20,7 @@ import torch
 
 from retrieval_draft.decode.engine import DecodeOptions, StopCheck, cut_at_stop
 from retrieval_draft.decode.readout import TreeJob, verify_trees
-from retrieval_draft.decode.tree import DraftTree, build_tree
+from retrieval_draft.tree import DraftTree, build_tree
 from retrieval_draft.decode.verify import LogitsProcessor, Verdict
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.planning.batch_planner import BatchPlanner

@@ -18,7 +18,7 @@ import torch
 
 from retrieval_draft.config import DEFAULTS
 from retrieval_draft.decode.readout import TreeJob, verify_trees
-from retrieval_draft.decode.tree import build_tree
+from retrieval_draft.tree import build_tree
 from retrieval_draft.decode.verify import LogitsProcessor, Verdict
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.errors import InvalidInputError

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from retrieval_draft.decode.tree import DraftTree
+from retrieval_draft.tree import DraftTree
 from retrieval_draft.decode.verify import (
     LogitsProcessor, Verdict, greedy_choices, has_processor, sampling_choices, verify_greedy, verify_sampling, walk,
 )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.decode.tree import DraftTree
+from retrieval_draft.tree import DraftTree
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
 from retrieval_draft.planning.planner import SourcedDrafts, TreePlanner
 

@@ -122,7 +122,7 @@ def time_chain(tree_model, size: int, rng: np.random.Generator, repeats: int, wa
     """Median seconds of ``repeats`` forwards over a random ``size``-token chain, after ``warmups``
     untimed ones; the cache is trimmed back to one new row after each. Timed by ``ForwardTimer``
     (CUDA events on a GPU, where the clock around the call would only time the launch)."""
-    from retrieval_draft.decode.tree import DraftTree
+    from retrieval_draft.tree import DraftTree
 
     chain = DraftTree(
         tokens=rng.integers(0, tree_model.model.config.vocab_size, size=size),

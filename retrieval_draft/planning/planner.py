@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from retrieval_draft.config import DEFAULTS
-from retrieval_draft.decode.tree import DraftTree, merge_drafts
-from retrieval_draft.drafters.base import Draft
+from retrieval_draft.tree import DraftTree, merge_drafts
+from retrieval_draft.draft import Draft
 from retrieval_draft.planning.calibration import AcceptanceCalibrator
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
 from retrieval_draft.planning.drafter_gate import DrafterGate
