@@ -89,7 +89,8 @@ def generate(
         draft_planner: a ``TreePlanner`` to reuse across calls, so what it
             learned about acceptance carries over; overrides the two above.
         draft_streamer: an HF streamer (``put``/``end``); ``generate`` drops its own
-            ``streamer`` for custom callables, so pass it here.
+            ``streamer`` for custom callables, so pass it here. A batch takes a list of
+            one streamer per row.
         draft_stats: a ``DecodeStats`` to fill in with this call's statistics.
         draft_seed: seed for sampling; the same seed gives the same output.
 
@@ -101,8 +102,8 @@ def generate(
     Returns:
         shape (1, L + m) (a batch: (B, L + m)), the prompt followed by the new tokens; with
         ``return_dict_in_generate`` HF's ``GenerateDecoderOnlyOutput`` holding it as
-        ``sequences``, plus ``scores`` / ``logits`` (m tensors of shape (1, V)) when
-        ``output_scores`` / ``output_logits`` ask for them.
+        ``sequences``, plus ``scores`` / ``logits`` (m tensors of shape (1, V), a batch's
+        (B, V)) when ``output_scores`` / ``output_logits`` ask for them.
     """
     check_options(generation_config, assistant_model)
     config = DraftConfig(tree_budget, max_draft_len, adaptive_tree, draft_learning)
@@ -117,7 +118,7 @@ def generate(
             drafters=drafters,
             generator=_sampling_generator(draft_seed) if generation_config.do_sample else None,
             should_stop=_extra_stop_check(stopping_criteria),
-            streaming=draft_streamer is not None,
+            streamer=draft_streamer,
             saves_learned=config.draft_learning and draft_planner is None,
         )
         return generate_batch(model, input_ids, attention_mask, generation_config, logits_processor, call, draft_stats)
@@ -161,7 +162,7 @@ def generate(
     if draft_stats is not None:
         draft_stats.__dict__.update(stats.__dict__)
     sequences = torch.cat([input_ids, torch.from_numpy(new).to(input_ids.device)[None]], dim=1)
-    return build_output(sequences, generation_config, recorder)
+    return build_output(sequences, generation_config, [recorder])
 
 
 def _sampling_generator(seed: int | None) -> torch.Generator:

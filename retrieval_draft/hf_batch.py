@@ -18,17 +18,18 @@ import numpy as np
 import torch
 
 from retrieval_draft.config import DraftConfig
-from retrieval_draft.decode.batch_engine import BatchStats, batch_decode
+from retrieval_draft.decode.batch_engine import BatchStats, RowSinks, batch_decode
 from retrieval_draft.decode.engine import DecodeOptions, DecodeStats, StopCheck
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.row_view import per_row
 from retrieval_draft.errors import InvalidInputError
-from retrieval_draft.hf_options import build_output
+from retrieval_draft.hf_options import ScoreRecorder, build_output, score_recorder
 from retrieval_draft.memory import PluginMemory
 from retrieval_draft.planning.batch_planner import BatchPlanner
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.target.batch_tree_model import BatchTreeModel
 from retrieval_draft.target.generate_kwargs import eos_token_ids, pad_token_id
+from retrieval_draft.target.row_processors import row_processors
 
 
 def is_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
@@ -50,7 +51,7 @@ class BatchCall:
         drafters: the caller's ``drafters=``: one list for every row, or one list per row.
         generator: the sampling generator, or None for greedy.
         should_stop: per-token check of the stopping criteria beyond EOS and length.
-        streaming: whether ``draft_streamer`` was given (refused: HF streamers take one row).
+        streamer: the caller's ``draft_streamer=``: for a batch, one HF streamer per row.
         saves_learned: whether to write learned rates to disk after the call.
     """
 
@@ -61,7 +62,7 @@ class BatchCall:
     drafters: Sequence | None = None
     generator: torch.Generator | None = None
     should_stop: StopCheck | None = None
-    streaming: bool = False
+    streamer: object | None = None
     saves_learned: bool = False
 
 
@@ -73,11 +74,7 @@ def generate_batch(model, input_ids, attention_mask, generation_config, logits_p
     max_new_tokens = int(generation_config.max_length) - input_ids.shape[1]
     limit = getattr(model.config, "max_position_embeddings", None)
     validate_batch(input_ids, attention_mask, max_new_tokens, model.config.vocab_size, limit)
-    if call.streaming:
-        raise InvalidInputError("draft_streamer takes one sequence; streaming a batch is not supported")
-    scored = generation_config.output_scores or generation_config.output_logits
-    if generation_config.return_dict_in_generate and scored:
-        raise InvalidInputError("output_scores / output_logits are not supported for batches; pass one sequence")
+    streamers = row_streamers(call.streamer, input_ids.shape[0])
     options = DecodeOptions(
         max_new_tokens=max_new_tokens,
         eos_ids=eos_token_ids(generation_config),
@@ -87,7 +84,12 @@ def generate_batch(model, input_ids, attention_mask, generation_config, logits_p
     rows = input_ids.shape[0]
     given = row_lists(call.drafters, rows) if call.drafters is not None else None
     drafters = per_row(given if given is not None else [call.make_drafters() for _ in range(rows)])
+    recorders = [score_recorder(generation_config, view) for view in row_processors(logits_processor, rows)]
+    sinks = [_sinks(streamer, recorder) for streamer, recorder in zip(streamers, recorders)]
     with call.memory.model(model).lock:
+        for row, streamer in enumerate(streamers):
+            if streamer is not None:
+                streamer.put(input_ids[row : row + 1, attention_mask[row].bool()].cpu())
         planner = BatchPlanner(call.make_planner(), rows)
         measured = planner.cost.skinny_sizes if planner.cost is not None else None
         outputs, batch_stats = batch_decode(
@@ -100,13 +102,33 @@ def generate_batch(model, input_ids, attention_mask, generation_config, logits_p
             processor=logits_processor,
             generator=call.generator,
             should_stop=call.should_stop,
+            sinks=sinks,
         )
+        for streamer in streamers:
+            if streamer is not None:
+                streamer.end()
         if call.saves_learned:
             call.memory.save_learned(model)
     if stats is not None:
         _fill(stats, batch_stats)
     sequences = padded_sequences(input_ids, outputs, pad_token_id(generation_config, options.eos_ids))
-    return build_output(sequences.to(input_ids.device), generation_config, None)
+    return build_output(sequences.to(input_ids.device), generation_config, recorders)
+
+
+def row_streamers(streamer, rows: int) -> list:
+    """``draft_streamer=`` as one streamer (or None) per row: a batch takes a list of ``rows``
+    streamers, each fed its row's prompt (real tokens, shape (1, n)), new tokens and ``end``."""
+    if streamer is None:
+        return [None] * rows
+    if not isinstance(streamer, (list, tuple)) or len(streamer) != rows:
+        raise InvalidInputError(f"draft_streamer for a batch of {rows} rows takes a list of {rows} streamers, one per row")
+    return list(streamer)
+
+
+def _sinks(streamer, recorder: ScoreRecorder | None) -> RowSinks:
+    """One row's sinks: its streamer's ``put`` for new tokens, its recorder for scores and logits."""
+    on_tokens = (lambda tokens: streamer.put(torch.from_numpy(tokens))) if streamer is not None else None
+    return RowSinks(on_tokens=on_tokens, on_logits=recorder)
 
 
 def row_lists(drafters: Sequence, rows: int) -> list[list[Drafter]]:

@@ -158,7 +158,7 @@ def speculative_decode(
         done, emitted = _emit(new, context, emitted, length, options, should_stop, on_tokens, drafters)
         stats.step_tokens += emitted - before
         if on_logits is not None:
-            on_logits(_emitted_rows(logits, verdict, emitted - before), context[:emitted])
+            on_logits(emitted_rows(logits, verdict, emitted - before), context[:emitted])
     stats.new_tokens = emitted - length
     output = context[length:emitted].copy()
     for drafter in drafters:
@@ -186,7 +186,7 @@ def _ask_drafters(
     return asked
 
 
-def _emitted_rows(logits: torch.Tensor, verdict: Verdict, count: int) -> torch.Tensor:
+def emitted_rows(logits: torch.Tensor, verdict: Verdict, count: int) -> torch.Tensor:
     """Rows of tree ``logits`` (n, V) that chose the first ``count`` emitted tokens: (count, V).
 
     The first accepted node was chosen at the root, each later one at its
@@ -199,7 +199,7 @@ def _emitted_rows(logits: torch.Tensor, verdict: Verdict, count: int) -> torch.T
 def _verify(tree, logits, context, options, processor, generator, observers) -> Verdict:
     """Greedy or sampling verification of ``tree`` (``logits``: (n, V)); ``context`` (shape (L,))
     runs through the root. ``observers`` record the tree from the same host read."""
-    return verify_trees([TreeJob(tree, logits, context, generator, observers)], processor, options.do_sample)[0]
+    return verify_trees([TreeJob(tree, logits, context, processor, generator, observers)], options.do_sample)[0]
 
 
 def cut_at_stop(
