@@ -25,7 +25,6 @@ from retrieval_draft.drafters.row_view import per_row
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.hf_options import ScoreRecorder, build_output, score_recorder
 from retrieval_draft.memory import PluginMemory
-from retrieval_draft.planning.batch_planner import BatchPlanner
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.target.batch_tree_model import BatchTreeModel
 from retrieval_draft.target.generate_kwargs import eos_token_ids, pad_token_id
@@ -90,7 +89,7 @@ def generate_batch(model, input_ids, attention_mask, generation_config, logits_p
         for row, streamer in enumerate(streamers):
             if streamer is not None:
                 streamer.put(input_ids[row : row + 1, attention_mask[row].bool()].cpu())
-        planner = BatchPlanner(call.make_planner(), rows)
+        planner = call.make_planner()
         measured = planner.cost.skinny_sizes if planner.cost is not None else None
         outputs, batch_stats = batch_decode(
             BatchTreeModel(model, skinny_sizes=measured),

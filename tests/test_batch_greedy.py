@@ -23,7 +23,6 @@ from retrieval_draft.tree import DraftTree
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.errors import InvalidInputError
-from retrieval_draft.planning.batch_planner import BatchPlanner
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.target.batch_tree_model import BatchTreeModel
 from retrieval_draft.target.tree_model import TreeModel
@@ -199,7 +198,7 @@ def test_finished_rows_leave_the_forward(tiny_llama):
     free = hf(tiny_llama, ids, mask, 24, eos_token_id=[])
     eos = int(free[0, ids.shape[1] + 2])
     options = DecodeOptions(max_new_tokens=24, eos_ids=frozenset([eos]), max_draft_len=4)
-    planner = BatchPlanner(TreePlanner(max_nodes=0), rows=4)
+    planner = TreePlanner(max_nodes=0)
     outputs, stats = batch_decode(BatchTreeModel(tiny_llama), ids, mask, [[] for _ in range(4)], options, planner)
     assert outputs[0].shape[0] <= 3 and outputs[0][-1] == eos
     assert stats.row_steps < stats.steps * 4  # later steps ran without the finished row

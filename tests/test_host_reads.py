@@ -28,7 +28,6 @@ from retrieval_draft.decode.verify import verify_greedy, verify_sampling
 from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
-from retrieval_draft.planning.batch_planner import BatchPlanner
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.target.batch_tree_model import BatchTreeModel
 from retrieval_draft.target.tree_model import TreeModel
@@ -127,7 +126,7 @@ def test_a_batch_step_reads_the_host_once_for_all_rows(tiny_llama):
     for row, prompt in enumerate(prompts):
         ids[row, 24 - prompt.shape[0] :], mask[row, 24 - prompt.shape[0] :] = prompt, 1
     drafters = [[PromptLookupDrafter(), RecyclingDrafter(TINY_VOCAB)] for _ in prompts]
-    planner = BatchPlanner(TreePlanner(max_nodes=8), rows=2)
+    planner = TreePlanner(max_nodes=8)
     try:
         with model.reads:
             batch_decode(model, ids, mask, drafters, DecodeOptions(max_new_tokens=16, eos_ids=frozenset()), planner)

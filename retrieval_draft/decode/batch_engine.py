@@ -2,7 +2,7 @@
 
 Knows token ids only. Prefill a left-padded batch; then each step asks every
 unfinished row's drafters for drafts, plans one tree per row (one width for
-all: ``BatchPlanner``), scores all trees in ONE forward (``BatchTreeModel``),
+all: ``TreePlanner``), scores all trees in ONE forward (``BatchTreeModel``),
 verifies each row's tree against its own logits exactly as the single-row
 engine does (greedy or lossless sampling, the logits processor seeing that
 row's padded sequence as HF's batched ``generate`` shows it), keeps each
@@ -24,7 +24,7 @@ from retrieval_draft.decode.readout import TreeJob, verify_trees
 from retrieval_draft.tree import DraftTree, build_tree
 from retrieval_draft.decode.verify import LogitsProcessor, Verdict
 from retrieval_draft.drafters.base import Drafter
-from retrieval_draft.planning.batch_planner import BatchPlanner
+from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.planning.timing import ForwardTimer
 from retrieval_draft.target.batch_tree_model import BatchTreeModel
 from retrieval_draft.target.row_processors import row_processors
@@ -108,7 +108,7 @@ def batch_decode(
     attention_mask: torch.Tensor,
     row_drafters: list[list[Drafter]],
     options: DecodeOptions,
-    planner: BatchPlanner,
+    planner: TreePlanner,
     processor: LogitsProcessor | None = None,
     generator: torch.Generator | None = None,
     should_stop: StopCheck | None = None,
@@ -167,7 +167,7 @@ def batch_decode(
     return outputs, stats
 
 
-def _step(model, rows: list[_Row], options, planner: BatchPlanner, should_stop, stats, timer) -> None:
+def _step(model, rows: list[_Row], options, planner: TreePlanner, should_stop, stats, timer) -> None:
     """One batch step over the unfinished ``rows`` (in the model's row order)."""
     tick = time.perf_counter()
     names = {drafter.name for row in rows for drafter in row.drafters}
@@ -183,7 +183,7 @@ def _step(model, rows: list[_Row], options, planner: BatchPlanner, should_stop, 
     width = logits.shape[1]
     row_logits = [logits[i, : tree.size] for i, tree in enumerate(trees)]
     verdicts = _verify(trees, row_logits, rows, options)
-    planner.observe_forward(len(rows) * width, timer.seconds())  # after the verdicts' host read: no extra wait
+    planner.observe_forward(len(rows), len(rows) * width, timer.seconds())  # after the verdicts' host read: no extra wait
     model.keep([np.concatenate([[0], verdict.accepted]) for verdict in verdicts])
     truths = []
     for tree, row, verdict, scored in zip(trees, rows, verdicts, row_logits):

@@ -140,16 +140,16 @@ def speculative_decode(
         tick = time.perf_counter()
         asked = _ask_drafters(drafters, context[:emitted], remaining, options, planner)
         drafts = [(name, draft) for name, (proposed, _) in asked.items() for draft in proposed]
-        tree = model.verifiable(planner.plan(int(context[emitted - 1]), drafts))
+        tree = model.verifiable(planner.plan([int(context[emitted - 1])], [drafts])[0])
         tock = time.perf_counter()
         timer.start()
         logits = model.score_tree(tree)
         timer.stop()
         verdict = _verify(tree, logits, context[:emitted], options, processor, generator, observers)
-        planner.observe_forward(tree.size, timer.seconds())  # after the verdict's host read: no extra wait
+        planner.observe_forward(1, tree.size, timer.seconds())  # after the verdict's host read: no extra wait
         model.keep(np.concatenate([[0], verdict.accepted]))
         new = np.append(tree.tokens[verdict.accepted], verdict.bonus)
-        planner.observe(drafts, new, tock - tick, asked)
+        planner.observe([drafts], [new], tock - tick, [asked])
         stats.draft_s += tock - tick
         stats.verify_s += time.perf_counter() - tock
         stats.steps += 1
