@@ -141,3 +141,13 @@ def _stacked(per_row: list[list[torch.Tensor] | None]) -> tuple[torch.Tensor, ..
     return tuple(
         torch.cat([entries[j] if j < len(entries) else missing for entries in per_row]) for j in range(longest)
     )
+
+
+def padded_sequences(input_ids: torch.Tensor, outputs: list[np.ndarray], pad: int) -> torch.Tensor:
+    """(B, L + m) on ``input_ids``' device: each row's prompt and new tokens (``outputs[i]``,
+    shape (m_i,)), rows shorter than the longest filled with ``pad`` as HF's batched ``generate`` fills them."""
+    longest = max(output.shape[0] for output in outputs)
+    tail = np.full((len(outputs), longest), pad, dtype=np.int64)
+    for row, output in enumerate(outputs):
+        tail[row, : output.shape[0]] = output
+    return torch.cat([input_ids, torch.from_numpy(tail).to(input_ids.device)], dim=1)

@@ -119,7 +119,7 @@ def batch_decode(
     Args:
         input_ids, attention_mask: (B, L) int64; mask 1 on real tokens, left padding only.
         row_drafters: B lists of drafters, one per row (a drafter given to several rows
-            must not keep per-generation state; see ``hf_batch``).
+            must not keep per-generation state; see ``drafters.row_view``).
         generator: seeds one sampling stream per row (each emitted token consumes the same
             randomness whatever the trees look like, so a seed fixes every row's output).
         processor: HF's logits processor for the whole batch; each row verifies with its own
