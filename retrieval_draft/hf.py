@@ -255,10 +255,10 @@ def make_planner(model, config: DraftConfig, sampling: bool, memory: PluginMemor
     ``config.draft_learning`` it shares the model's learned rates and cost corrections."""
     cost = memory.cost(model) if config.adaptive_tree else None
     if not config.draft_learning:
-        return TreePlanner(max_nodes=config.tree_budget, cost=cost)
+        return TreePlanner(tree_budget=config.tree_budget, cost=cost)
     learned = memory.model(model)
     return TreePlanner(
-        max_nodes=config.tree_budget, cost=cost, calibrators=learned.rates[bool(sampling)], observed=learned.observed
+        tree_budget=config.tree_budget, cost=cost, calibrators=learned.rates[bool(sampling)], observed=learned.observed
     )
 
 

@@ -198,7 +198,7 @@ def test_finished_rows_leave_the_forward(tiny_llama):
     free = hf(tiny_llama, ids, mask, 24, eos_token_id=[])
     eos = int(free[0, ids.shape[1] + 2])
     options = DecodeOptions(max_new_tokens=24, eos_ids=frozenset([eos]), max_draft_len=4)
-    planner = TreePlanner(max_nodes=0)
+    planner = TreePlanner(tree_budget=0)
     outputs, stats = batch_decode(BatchTreeModel(tiny_llama), ids, mask, [[] for _ in range(4)], options, planner)
     assert outputs[0].shape[0] <= 3 and outputs[0][-1] == eos
     assert stats.row_steps < stats.steps * 4  # later steps ran without the finished row

@@ -9,8 +9,8 @@ from retrieval_draft.planning.planner import TreePlanner, extended_cost
 CPU = VerifyCost.from_points([1, 2, 4, 8, 16, 32, 64], [34, 37, 52, 61, 67, 83, 120], max_nodes=64)
 
 
-def planner(max_nodes: int = 16) -> TreePlanner:
-    return TreePlanner(max_nodes=max_nodes, cost=CPU)
+def planner(tree_budget: int = 16) -> TreePlanner:
+    return TreePlanner(tree_budget=tree_budget, cost=CPU)
 
 
 def test_rows_without_good_drafts_fall_back_to_one_token_per_row():
@@ -40,5 +40,5 @@ def test_the_curve_is_extended_along_its_last_slope_for_big_batches():
 
 
 def test_without_a_cost_curve_every_row_takes_its_budget():
-    batch = TreePlanner(max_nodes=6)
+    batch = TreePlanner(tree_budget=6)
     assert batch.width([np.full(10, 0.1)[:6], np.full(3, 0.1)]) == 6

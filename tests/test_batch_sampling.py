@@ -73,7 +73,7 @@ def batch_draws(model, runs: int, conditionals) -> list[np.ndarray]:
     processor = engine_processor()
     out = [np.empty((runs, ENGINE_HORIZON), dtype=np.int64) for _ in PROMPTS]
     for i in range(runs):
-        planner = TreePlanner(max_nodes=8)
+        planner = TreePlanner(tree_budget=8)
         outputs, _ = batch_decode(BatchTreeModel(model, skinny_sizes=frozenset()), ids, mask, drafters, options, planner, processor, generator)
         for row, output in enumerate(outputs):
             out[row][i] = output

@@ -185,7 +185,7 @@ class RecordingPlanner(TreePlanner):
 def test_decoding_and_cost_measurement_time_forwards_with_the_device_timer(tiny_llama, monkeypatch):
     monkeypatch.setattr(engine, "ForwardTimer", FixedTimer)
     monkeypatch.setattr(cost, "ForwardTimer", FixedTimer)
-    planner = RecordingPlanner(max_nodes=8)
+    planner = RecordingPlanner(tree_budget=8)
     options = DecodeOptions(max_new_tokens=12, eos_ids=frozenset())
     speculative_decode(TreeModel(tiny_llama), random_prompt(1, repeat=2), [PromptLookupDrafter()], options, planner=planner)
     assert planner.seen and set(planner.seen) == {0.125}

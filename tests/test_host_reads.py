@@ -95,7 +95,7 @@ def reads_per_step(tiny_llama, processor=None, do_sample=False) -> tuple[list[li
         with model.reads:
             _, stats = speculative_decode(
                 model, random_prompt(3, length=10, repeat=3), drafters, options, processor=processor,
-                generator=generator, planner=TreePlanner(max_nodes=16),
+                generator=generator, planner=TreePlanner(tree_budget=16),
             )
     finally:
         model.reads.close()
@@ -126,7 +126,7 @@ def test_a_batch_step_reads_the_host_once_for_all_rows(tiny_llama):
     for row, prompt in enumerate(prompts):
         ids[row, 24 - prompt.shape[0] :], mask[row, 24 - prompt.shape[0] :] = prompt, 1
     drafters = [[PromptLookupDrafter(), RecyclingDrafter(TINY_VOCAB)] for _ in prompts]
-    planner = TreePlanner(max_nodes=8)
+    planner = TreePlanner(tree_budget=8)
     try:
         with model.reads:
             batch_decode(model, ids, mask, drafters, DecodeOptions(max_new_tokens=16, eos_ids=frozenset()), planner)

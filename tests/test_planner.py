@@ -24,7 +24,7 @@ def chain(tokens, probs):
 
 def best_size(curve: VerifyCost, probs: np.ndarray) -> int:
     """Draft nodes a planner on ``curve`` verifies for one row whose ranked candidates are ``probs``."""
-    return TreePlanner(max_nodes=curve.max_nodes, cost=curve).width([probs])
+    return TreePlanner(tree_budget=curve.max_nodes, cost=curve).width([probs])
 
 
 def test_unlikely_drafts_are_not_worth_verifying_on_a_cpu():
@@ -59,7 +59,7 @@ def test_only_tokens_after_a_right_prefix_are_graded():
 
 
 def test_planned_tree_probabilities_never_rise_down_the_tree():
-    planner = TreePlanner(max_nodes=16)
+    planner = TreePlanner(tree_budget=16)
     drafts = [("a", chain([1, 2, 3], [0.5, 0.9, 0.9])), ("b", chain([4, 5], [0.3, 0.95]))]
     tree = planner.plan([0], [drafts])[0]
     assert tree.size == 6
@@ -67,7 +67,7 @@ def test_planned_tree_probabilities_never_rise_down_the_tree():
 
 
 def test_planner_shrinks_to_plain_decoding_when_drafts_keep_failing():
-    planner = TreePlanner(max_nodes=16, cost=CPU_CURVE)
+    planner = TreePlanner(tree_budget=16, cost=CPU_CURVE)
     drafts = [("lookup", chain([1, 2, 3, 4], [0.8, 0.85, 0.85, 0.85]))]
     assert planner.plan([0], [drafts])[0].size > 1
     for _ in range(60):
@@ -77,7 +77,7 @@ def test_planner_shrinks_to_plain_decoding_when_drafts_keep_failing():
 
 
 def test_a_reliable_drafter_wins_the_budget_from_a_confident_but_wrong_one():
-    planner = TreePlanner(max_nodes=2)
+    planner = TreePlanner(tree_budget=2)
     wrong = ("loud", chain([1, 2], [0.95, 0.95]))
     right = ("quiet", chain([5, 6], [0.3, 0.3]))
     assert planner.plan([0], [[wrong, right]])[0].tokens[1:].tolist() == [1, 2]
@@ -121,7 +121,7 @@ def test_a_repeated_task_gets_faster_with_output_history(tiny_llama):
     prompt = random_prompt(77, length=20)
     expected = tiny_llama.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=[])
     history = HistoryDrafter()
-    planner = TreePlanner(max_nodes=16)
+    planner = TreePlanner(tree_budget=16)
     runs = []
     for _ in range(2):
         stats = retrieval_draft.DecodeStats()
@@ -135,7 +135,7 @@ def test_a_repeated_task_gets_faster_with_output_history(tiny_llama):
 
 
 def test_a_prefix_shared_by_one_drafters_branches_is_graded_once():
-    planner = TreePlanner(max_nodes=8)
+    planner = TreePlanner(tree_budget=8)
     drafts = [("ngram", chain([1, 2], [0.5, 0.5])), ("ngram", chain([1, 3], [0.5, 0.5]))]
     planner.plan([0], [drafts])[0]
     planner.observe([drafts], [np.array([1, 3, 4])], 0.0, [{}])

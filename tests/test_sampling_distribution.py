@@ -416,7 +416,7 @@ def engine_draws(model, runs: int, conditionals, menu: str = "knowing", steps: l
     processor = engine_processor()
     out = np.empty((runs, ENGINE_HORIZON), dtype=np.int64)
     for i in range(runs):
-        planner = TreePlanner(max_nodes=8)
+        planner = TreePlanner(tree_budget=8)
         out[i], stats = speculative_decode(TreeModel(model), prompt, drafters, options, processor, generator, planner=planner)
         if steps is not None:
             steps.append((stats.steps, stats.step_tokens))

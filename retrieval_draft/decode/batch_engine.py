@@ -172,7 +172,7 @@ def _step(model, rows: list[_Row], options, planner: TreePlanner, should_stop, s
     tick = time.perf_counter()
     names = {drafter.name for row in rows for drafter in row.drafters}
     allowed = {name for name in sorted(names) if planner.should_ask(name)}
-    asked = [_ask_drafters(row, allowed, options, planner.max_nodes) for row in rows]
+    asked = [_ask_drafters(row, allowed, options, planner.tree_budget) for row in rows]
     drafts = [[(name, draft) for name, (proposed, _) in row_asked.items() for draft in proposed] for row_asked in asked]
     roots = [int(row.context[row.emitted - 1]) for row in rows]
     trees = [model.verifiable(tree) for tree in planner.plan(roots, drafts)]
@@ -202,11 +202,11 @@ def _step(model, rows: list[_Row], options, planner: TreePlanner, should_stop, s
     stats.tree_slots += len(rows) * width
 
 
-def _ask_drafters(row: _Row, allowed: set[str], options: DecodeOptions, max_nodes: int) -> dict[str, tuple[list, float]]:
+def _ask_drafters(row: _Row, allowed: set[str], options: DecodeOptions, tree_budget: int) -> dict[str, tuple[list, float]]:
     """Row's proposals from the drafters in ``allowed``: drafter name -> (drafts, seconds its ``propose`` took)."""
     remaining = row.length + options.max_new_tokens - row.emitted
     max_len = min(options.max_draft_len, remaining - 1)
-    if max_len <= 0 or max_nodes == 0:
+    if max_len <= 0 or tree_budget == 0:
         return {}
     asked: dict[str, tuple[list, float]] = {}
     context = row.real()

@@ -35,7 +35,7 @@ class DecodeOptions:
         max_new_tokens: stop after this many new tokens.
         eos_ids: generation stops right after emitting any of these.
         max_draft_len: deepest draft path, in tokens (the node budget is the
-            planner's ``max_nodes``).
+            planner's ``tree_budget``).
         do_sample: sample (lossless speculative sampling) instead of greedy.
     """
 
@@ -115,7 +115,7 @@ def speculative_decode(
     token j was chosen from). Returns the new tokens, shape (m,), and statistics.
     """
     stats = DecodeStats()
-    planner = planner if planner is not None else TreePlanner(max_nodes=DEFAULTS.tree_budget)
+    planner = planner if planner is not None else TreePlanner(tree_budget=DEFAULTS.tree_budget)
     length = prompt.shape[1]
     context = np.empty(length + options.max_new_tokens + 1, dtype=np.int64)
     context[:length] = prompt[0].cpu().numpy()
@@ -172,7 +172,7 @@ def _ask_drafters(
     """Proposals of the drafters the planner's gate lets through this step, no longer than
     the tokens left allow: drafter name -> (its drafts, seconds its ``propose`` took)."""
     max_len = min(options.max_draft_len, remaining - 1)
-    if max_len <= 0 or planner.max_nodes == 0:
+    if max_len <= 0 or planner.tree_budget == 0:
         return {}
     asked: dict[str, tuple[list, float]] = {}
     for drafter in drafters:

@@ -10,7 +10,7 @@ its ``W - 1`` most probable draft nodes, and the expected tokens of a step are
 curve the planner picks the W that maximises expected tokens per second, so
 the node budget goes where drafts are good; when drafts do not pay, W is 1
 (the lone root: plain decoding). Without a cost curve every row keeps up to
-``max_nodes`` nodes.
+``tree_budget`` nodes.
 
 The cost curve is measured up to 64 tokens; beyond that it is extended along
 the slope of its last stretch (``extended_cost``). Forwards of several rows
@@ -36,8 +36,8 @@ class TreePlanner:
     """Builds each step's trees (one per row) and learns from each step's outcome.
 
     Args:
-        max_nodes: most draft nodes in a tree (root excluded).
-        cost: forward time by tree size; None means always ``max_nodes``.
+        tree_budget: most draft nodes in a tree (root excluded).
+        cost: forward time by tree size; None means always ``tree_budget``.
         overhead_decay: smoothing of the measured per-step drafting time.
         calibrators: drafter name -> calibrator, shared with whoever passes the
             same dict (the plugin keeps one per model, so each call starts from
@@ -50,16 +50,16 @@ class TreePlanner:
 
     def __init__(
         self,
-        max_nodes: int = DEFAULTS.tree_budget,
+        tree_budget: int = DEFAULTS.tree_budget,
         cost: VerifyCost | None = None,
         overhead_decay: float = 0.9,
         calibrators: dict[str, AcceptanceCalibrator] | None = None,
         gate: DrafterGate | None = None,
         observed: ObservedCost | None = None,
     ) -> None:
-        if max_nodes < 0:
-            raise ValueError("max_nodes must be >= 0")
-        self.max_nodes = max_nodes
+        if tree_budget < 0:
+            raise ValueError("tree_budget must be >= 0")
+        self.tree_budget = tree_budget
         self.cost = cost
         self.calibrators: dict[str, AcceptanceCalibrator] = calibrators if calibrators is not None else {}
         self.overhead_decay = overhead_decay
@@ -98,14 +98,14 @@ class TreePlanner:
         """Row i's tree rooted at its pending token ``roots[i]`` from ``drafts[i]``; every
         tree keeps ``width`` draft nodes or fewer."""
         fulls = [self.candidates(root, row) for root, row in zip(roots, drafts)]
-        budget = self.width([np.sort(full.probs[1:])[::-1][: self.max_nodes] for full in fulls])
+        budget = self.width([np.sort(full.probs[1:])[::-1][: self.tree_budget] for full in fulls])
         return [full.top(budget, full.probs) for full in fulls]
 
     def width(self, ranked: list[np.ndarray]) -> int:
         """Draft nodes per row (W - 1) that maximise expected tokens per second.
 
         ``ranked[i]``: row i's candidate probabilities, decreasing (shape (m_i,), at most
-        ``max_nodes``). Without a cost curve every row takes all it has.
+        ``tree_budget``). Without a cost curve every row takes all it has.
         """
         most = max((r.shape[0] for r in ranked), default=0)
         if self.cost is None or most == 0:
@@ -148,7 +148,7 @@ class TreePlanner:
     def _curve(self, rows: int) -> VerifyCost:
         """The cost curve covering ``rows`` full trees (extended past its measured sizes)."""
         if rows not in self._curves:
-            self._curves[rows] = extended_cost(self.cost, rows * (self.max_nodes + 1))
+            self._curves[rows] = extended_cost(self.cost, rows * (self.tree_budget + 1))
         return self._curves[rows]
 
     def _corrections(self, rows: int) -> ObservedCost:
