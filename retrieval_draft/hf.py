@@ -10,6 +10,7 @@ they appear in this function's signature.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -19,17 +20,21 @@ from transformers.generation import GenerateDecoderOnlyOutput
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from retrieval_draft.config import DEFAULTS, DraftConfig
-from retrieval_draft.decode.engine import DecodeOptions, DecodeStats, speculative_decode
+from retrieval_draft.decode.batch_engine import BatchStats, RowSinks, batch_decode
+from retrieval_draft.decode.engine import DecodeOptions, DecodeStats, StopCheck, speculative_decode
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
-from retrieval_draft.hf_batch import BatchCall, generate_batch, is_batch
-from retrieval_draft.hf_options import build_output, check_options, score_recorder
+from retrieval_draft.drafters.row_view import per_row
+from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.hf_options import ScoreRecorder, build_output, check_options, padded_sequences, score_recorder
 from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
-from retrieval_draft.target.generate_kwargs import eos_token_ids, receives_generate_kwargs
-from retrieval_draft.target.tree_model import TreeModel, context_limit, validate_prompt
+from retrieval_draft.target.batch_tree_model import BatchTreeModel
+from retrieval_draft.target.generate_kwargs import eos_token_ids, pad_token_id, receives_generate_kwargs
+from retrieval_draft.target.row_processors import row_processors
+from retrieval_draft.target.tree_model import TreeModel, context_limit, validate_inputs
 
 if TYPE_CHECKING:
     from retrieval_draft.store.reader import Datastore
@@ -89,79 +94,151 @@ def generate(
         draft_planner: a ``TreePlanner`` to reuse across calls, so what it
             learned about acceptance carries over; overrides the two above.
         draft_streamer: an HF streamer (``put``/``end``); ``generate`` drops its own
-            ``streamer`` for custom callables, so pass it here.
+            ``streamer`` for custom callables, so pass it here. A batch takes a list of
+            one streamer per row.
         draft_stats: a ``DecodeStats`` to fill in with this call's statistics.
         draft_seed: seed for sampling; the same seed gives the same output.
 
-    A batch (several rows, or a padded attention mask; left padding) goes to
-    ``hf_batch``: every row drafts and accepts on its own, all rows' trees share
-    each forward, and the result equals HF's batched output (rows that stop early
-    padded with ``pad_token_id``). There ``drafters`` may also be one list per row.
+    A batch (several rows, or a padded attention mask; left padding) takes the same
+    options: every row drafts and accepts on its own, all rows' trees share each
+    forward, and the result equals HF's batched output (rows that stop early padded
+    with ``pad_token_id``). There ``drafters`` may also be one list per row.
 
     Returns:
         shape (1, L + m) (a batch: (B, L + m)), the prompt followed by the new tokens; with
         ``return_dict_in_generate`` HF's ``GenerateDecoderOnlyOutput`` holding it as
-        ``sequences``, plus ``scores`` / ``logits`` (m tensors of shape (1, V)) when
-        ``output_scores`` / ``output_logits`` ask for them.
+        ``sequences``, plus ``scores`` / ``logits`` (m tensors of shape (1, V), a batch's
+        (B, V)) when ``output_scores`` / ``output_logits`` ask for them.
     """
     check_options(generation_config, assistant_model)
     config = DraftConfig(tree_budget, max_draft_len, adaptive_tree, draft_learning)
     attention_mask = model_kwargs.get("attention_mask")
-    memory = draft_memory if draft_memory is not None else PROCESS_MEMORY
-    if is_batch(input_ids, attention_mask):  # several rows or padding: hf_batch, the same options
-        call = BatchCall(
-            config=config,
-            memory=memory,
-            make_drafters=lambda: default_drafters(datastore, model, draft_tokenizer or tokenizer, memory, config.draft_learning),
-            make_planner=lambda: draft_planner or make_planner(model, config, bool(generation_config.do_sample), memory),
-            drafters=drafters,
-            generator=_sampling_generator(draft_seed) if generation_config.do_sample else None,
-            should_stop=_extra_stop_check(stopping_criteria),
-            streaming=draft_streamer is not None,
-            saves_learned=config.draft_learning and draft_planner is None,
-        )
-        return generate_batch(model, input_ids, attention_mask, generation_config, logits_processor, call, draft_stats)
-    max_new_tokens = int(generation_config.max_length) - input_ids.shape[1]
-    validate_prompt(input_ids, max_new_tokens, model.config.vocab_size, context_limit(model))
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    validate_inputs(input_ids, attention_mask, model.config.vocab_size, context_limit(model))
     options = DecodeOptions(
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=int(generation_config.max_length) - input_ids.shape[1],
         eos_ids=eos_token_ids(generation_config),
         max_draft_len=config.max_draft_len,
         do_sample=bool(generation_config.do_sample),
     )
+    memory = draft_memory if draft_memory is not None else PROCESS_MEMORY
+    rows = input_ids.shape[0]
     if drafters is not None:
-        chosen = list(drafters)
+        given = row_lists(drafters, rows)
     else:
-        chosen = default_drafters(datastore, model, draft_tokenizer or tokenizer, memory, config.draft_learning)
-    recorder = score_recorder(generation_config, logits_processor)
-    generator = _sampling_generator(draft_seed) if options.do_sample else None
+        tokenizer = draft_tokenizer or tokenizer
+        given = [default_drafters(datastore, model, tokenizer, memory, config.draft_learning) for _ in range(rows)]
+    recorders = [score_recorder(generation_config, view) for view in row_processors(logits_processor, rows)]
+    streamers = row_streamers(draft_streamer, rows)
+    inputs = DecodeInputs(
+        input_ids=input_ids, attention_mask=attention_mask, drafters=per_row(given), options=options,
+        processor=logits_processor,
+        generator=_sampling_generator(draft_seed) if options.do_sample else None,
+        should_stop=_extra_stop_check(stopping_criteria),
+        sinks=[_sinks(streamer, recorder) for streamer, recorder in zip(streamers, recorders)],
+    )
     # One generation at a time per model: a tree forward switches the model's attention
     # function and linear layers for its duration, which another thread must not see.
     with memory.model(model).lock:
         planner = draft_planner if draft_planner is not None else make_planner(model, config, options.do_sample, memory)
-        measured = planner.cost.skinny_sizes if planner.cost is not None else None
-        if draft_streamer is not None:
-            draft_streamer.put(input_ids.cpu())
-        new, stats = speculative_decode(
-            TreeModel(model, skinny_sizes=measured),
-            input_ids,
-            chosen,
-            options,
-            processor=logits_processor,
-            generator=generator,
-            on_tokens=(lambda tokens: draft_streamer.put(torch.from_numpy(tokens))) if draft_streamer else None,
-            should_stop=_extra_stop_check(stopping_criteria),
-            planner=planner,
-            on_logits=recorder,
-        )
-        if draft_streamer is not None:
-            draft_streamer.end()
+        for row, streamer in enumerate(streamers):
+            if streamer is not None:
+                streamer.put(input_ids[row : row + 1, attention_mask[row].bool()].cpu())
+        outputs, stats = _decode(model, inputs, planner)
+        for streamer in streamers:
+            if streamer is not None:
+                streamer.end()
         if config.draft_learning and draft_planner is None:
             memory.save_learned(model)
     if draft_stats is not None:
         draft_stats.__dict__.update(stats.__dict__)
-    sequences = torch.cat([input_ids, torch.from_numpy(new).to(input_ids.device)[None]], dim=1)
-    return build_output(sequences, generation_config, recorder)
+    sequences = padded_sequences(input_ids, outputs, pad_token_id(generation_config, options.eos_ids))
+    return build_output(sequences, generation_config, recorders)
+
+
+@dataclass(frozen=True)
+class DecodeInputs:
+    """One call's decoding inputs for B rows (``hf.generate`` builds them, ``_decode`` runs them).
+
+    Attributes:
+        input_ids, attention_mask: (B, L) int64, left padding (mask 0) only.
+        drafters: B lists of drafters (``per_row``: shared instances get per-row views).
+        options: the validated options.
+        processor: HF's logits processor for the whole batch.
+        generator: the sampling generator, or None for greedy.
+        should_stop: per-token check of the stopping criteria beyond EOS and length.
+        sinks: B ``RowSinks``: each row's streamer and score recorder.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    drafters: list[list[Drafter]]
+    options: DecodeOptions
+    processor: object
+    generator: torch.Generator | None
+    should_stop: StopCheck | None
+    sinks: list[RowSinks]
+
+
+def _decode(model, inputs: DecodeInputs, planner: TreePlanner) -> tuple[list[np.ndarray], DecodeStats]:
+    """Every row's new tokens (B arrays of shape (m_i,)) and the call's statistics.
+
+    One unpadded row runs ``speculative_decode`` on a ``TreeModel``, anything else
+    ``batch_decode`` on a ``BatchTreeModel`` (the two loops are one in issue 24's next step).
+    """
+    measured = planner.cost.skinny_sizes if planner.cost is not None else None
+    if inputs.input_ids.shape[0] == 1 and bool(inputs.attention_mask.all()):
+        sinks = inputs.sinks[0]
+        new, stats = speculative_decode(
+            TreeModel(model, skinny_sizes=measured), inputs.input_ids, inputs.drafters[0], inputs.options,
+            processor=inputs.processor, generator=inputs.generator, on_tokens=sinks.on_tokens,
+            should_stop=inputs.should_stop, planner=planner, on_logits=sinks.on_logits,
+        )
+        return [new], stats
+    outputs, batch_stats = batch_decode(
+        BatchTreeModel(model, skinny_sizes=measured), inputs.input_ids.cpu(), inputs.attention_mask.cpu(),
+        inputs.drafters, inputs.options, planner, processor=inputs.processor, generator=inputs.generator,
+        should_stop=inputs.should_stop, sinks=inputs.sinks,
+    )
+    return outputs, _single_row_stats(batch_stats)
+
+
+def _single_row_stats(batch: BatchStats) -> DecodeStats:
+    """A batch's statistics in ``DecodeStats``'s fields (a step = one row verified once)."""
+    return DecodeStats(
+        steps=batch.row_steps, new_tokens=batch.new_tokens, step_tokens=batch.step_tokens,
+        tree_nodes=batch.tree_slots, prefill_s=batch.prefill_s, draft_s=batch.draft_s, verify_s=batch.verify_s,
+    )
+
+
+def row_lists(drafters: Sequence, rows: int) -> list[list[Drafter]]:
+    """``drafters=`` as one list per row: a flat list of drafters serves every row."""
+    items = list(drafters)
+    if all(isinstance(item, Drafter) for item in items):
+        return [items for _ in range(rows)]
+    if len(items) != rows or not all(isinstance(item, (list, tuple)) for item in items):
+        raise InvalidInputError(f"drafters= must be one list of drafters, or one list per row ({rows} rows)")
+    return [list(item) for item in items]
+
+
+def row_streamers(streamer, rows: int) -> list:
+    """``draft_streamer=`` as one streamer (or None) per row: one row takes a streamer, a batch
+    a list of ``rows`` streamers, each fed its row's prompt (real tokens, shape (1, n)), new
+    tokens and ``end``."""
+    if streamer is None:
+        return [None] * rows
+    if rows == 1 and not isinstance(streamer, (list, tuple)):
+        return [streamer]
+    if not isinstance(streamer, (list, tuple)) or len(streamer) != rows:
+        raise InvalidInputError(f"draft_streamer for a batch of {rows} rows takes a list of {rows} streamers, one per row")
+    return list(streamer)
+
+
+def _sinks(streamer, recorder: ScoreRecorder | None) -> RowSinks:
+    """One row's sinks: its streamer's ``put`` for new tokens, its recorder for scores and logits."""
+    on_tokens = (lambda tokens: streamer.put(torch.from_numpy(tokens))) if streamer is not None else None
+    return RowSinks(on_tokens=on_tokens, on_logits=recorder)
 
 
 def _sampling_generator(seed: int | None) -> torch.Generator:
@@ -178,10 +255,10 @@ def make_planner(model, config: DraftConfig, sampling: bool, memory: PluginMemor
     ``config.draft_learning`` it shares the model's learned rates and cost corrections."""
     cost = memory.cost(model) if config.adaptive_tree else None
     if not config.draft_learning:
-        return TreePlanner(max_nodes=config.tree_budget, cost=cost)
+        return TreePlanner(tree_budget=config.tree_budget, cost=cost)
     learned = memory.model(model)
     return TreePlanner(
-        max_nodes=config.tree_budget, cost=cost, calibrators=learned.rates[bool(sampling)], observed=learned.observed
+        tree_budget=config.tree_budget, cost=cost, calibrators=learned.rates[bool(sampling)], observed=learned.observed
     )
 
 

@@ -112,12 +112,42 @@ def score_recorder(generation_config, processor) -> ScoreRecorder | None:
     return ScoreRecorder(processor, scores, logits) if scores or logits else None
 
 
-def build_output(sequences: torch.Tensor, generation_config, recorder: ScoreRecorder | None):
-    """What HF's ``generate`` returns: ``sequences`` (shape (1, L + m)) itself, or with
+def build_output(sequences: torch.Tensor, generation_config, recorders: list[ScoreRecorder | None]):
+    """What HF's ``generate`` returns: ``sequences`` (shape (B, L + m)) itself, or with
     ``return_dict_in_generate`` a ``GenerateDecoderOnlyOutput`` whose ``scores`` / ``logits``
-    are tuples of m tensors of shape (1, V) when asked for (``past_key_values`` is None)."""
+    are tuples of m tensors of shape (B, V) when asked for (``past_key_values`` is None).
+
+    ``recorders`` holds one recorder per row (all None when nothing was asked for). Where a
+    row stopped before the longest one, its entries are NaN: HF's are scores of the padding
+    it goes on feeding that row, which no verified tree computes.
+    """
     if not generation_config.return_dict_in_generate:
         return sequences
-    scores = tuple(recorder.scores) if recorder is not None and recorder.scores is not None else None
-    logits = tuple(recorder.logits) if recorder is not None and recorder.logits is not None else None
+    scores = _stacked([r.scores if r is not None else None for r in recorders])
+    logits = _stacked([r.logits if r is not None else None for r in recorders])
     return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits)
+
+
+def _stacked(per_row: list[list[torch.Tensor] | None]) -> tuple[torch.Tensor, ...] | None:
+    """Per-row lists of (1, V) tensors (m_i of them) as m tensors of shape (B, V), m = max m_i;
+    a row's missing entries NaN. None when nothing was recorded."""
+    if not per_row or any(entries is None for entries in per_row):
+        return None
+    if len(per_row) == 1:
+        return tuple(per_row[0])
+    longest = max(len(entries) for entries in per_row)
+    first = next(entries[0] for entries in per_row if entries)  # every row records at least one token
+    missing = torch.full_like(first, float("nan"))
+    return tuple(
+        torch.cat([entries[j] if j < len(entries) else missing for entries in per_row]) for j in range(longest)
+    )
+
+
+def padded_sequences(input_ids: torch.Tensor, outputs: list[np.ndarray], pad: int) -> torch.Tensor:
+    """(B, L + m) on ``input_ids``' device: each row's prompt and new tokens (``outputs[i]``,
+    shape (m_i,)), rows shorter than the longest filled with ``pad`` as HF's batched ``generate`` fills them."""
+    longest = max(output.shape[0] for output in outputs)
+    tail = np.full((len(outputs), longest), pad, dtype=np.int64)
+    for row, output in enumerate(outputs):
+        tail[row, : output.shape[0]] = output
+    return torch.cat([input_ids, torch.from_numpy(tail).to(input_ids.device)], dim=1)

@@ -11,7 +11,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from retrieval_draft.cache_dir import CACHE_ENV
-from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.draft import Draft
+from retrieval_draft.drafters.base import Drafter
 
 TINY_VOCAB = 320
 

@@ -42,8 +42,35 @@ def test_the_builder_imports_the_runtime_by_its_installed_names_only():
         assert "datastore" not in tops and "tools" not in tops, path
 
 
+# Layer -> the runtime modules it must never import. Layers run bottom to top: the shared value
+# types (draft.py, tree.py), store, target, drafters, planning, decode, the plugin (hf*.py, session.py).
+PLUGIN = {"hf", "hf_options", "session", "cli"}
+FORBIDDEN = {
+    "draft.py": {"drafters", "store", "target", "planning", "decode", "memory"} | PLUGIN,
+    "tree.py": {"drafters", "store", "target", "planning", "decode", "memory"} | PLUGIN,
+    "store": {"drafters", "target", "planning", "decode", "memory"} | PLUGIN,
+    "target": {"drafters", "planning", "decode", "memory"} | PLUGIN,
+    "drafters": {"planning", "decode"} | PLUGIN,
+    "planning": {"decode"} | PLUGIN,
+    "decode": PLUGIN,
+}
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The runtime modules ``path`` imports, by their first name below ``retrieval_draft``, lazy imports included."""
+    return {name.split(".")[1] for name in _imports(path) if name.startswith("retrieval_draft.")}
+
+
+def test_imports_run_one_way_down_the_layers():
+    for layer, forbidden in FORBIDDEN.items():
+        paths = [RUNTIME / layer] if layer.endswith(".py") else sorted((RUNTIME / layer).rglob("*.py"))
+        assert paths and all(path.is_file() for path in paths), layer
+        for path in paths:
+            assert not _runtime_imports(path) & forbidden, (path.relative_to(RUNTIME).as_posix(), _runtime_imports(path) & forbidden)
+
+
 def test_the_folders_name_the_architecture():
-    for module in ("decode/engine.py", "decode/verify.py", "decode/tree.py", "planning/planner.py",
+    for module in ("decode/engine.py", "decode/verify.py", "tree.py", "draft.py", "planning/planner.py",
                    "target/tree_model.py", "store/reader.py", "drafters/registry.py", "config.py", "memory.py"):
         assert (RUNTIME / module).is_file(), module
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import retrieval_draft
-from retrieval_draft.errors import InvalidInputError, ModelLoadError, UnsupportedModelError
+from retrieval_draft.errors import InvalidInputError, ModelLoadError
+from retrieval_draft.target.attention_layout import CHAIN, attention_layout
 from retrieval_draft.target.models import load_model
-from retrieval_draft.target.tree_model import TreeModel
 from tests.conftest import make_tiny_llama, random_prompt
 
 
@@ -48,11 +48,12 @@ def test_token_ids_out_of_range_are_rejected(tiny_llama):
         plugin(tiny_llama, prompt, max_new_tokens=4)
 
 
-def test_flash_attention_model_is_refused_with_a_clear_error():
+def test_a_flash_attention_model_verifies_chains_and_says_why():
     model = make_tiny_llama()
     model.config._attn_implementation = "flash_attention_2"
-    with pytest.raises(UnsupportedModelError, match="4D tree mask"):
-        TreeModel(model)
+    layout = attention_layout(model)  # no forward: flash attention cannot run on this CPU at all
+    assert layout.mode == CHAIN
+    assert "'flash_attention_2' takes no 4D mask" in layout.chain_reason
 
 
 def test_unknown_model_path_is_a_typed_error(tmp_path):

@@ -19,11 +19,10 @@ from transformers.generation import GenerateDecoderOnlyOutput
 import retrieval_draft
 from retrieval_draft.decode.batch_engine import batch_decode
 from retrieval_draft.decode.engine import DecodeOptions
-from retrieval_draft.decode.tree import DraftTree
+from retrieval_draft.tree import DraftTree
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.errors import InvalidInputError
-from retrieval_draft.planning.batch_planner import BatchPlanner
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.target.batch_tree_model import BatchTreeModel
 from retrieval_draft.target.tree_model import TreeModel
@@ -199,7 +198,7 @@ def test_finished_rows_leave_the_forward(tiny_llama):
     free = hf(tiny_llama, ids, mask, 24, eos_token_id=[])
     eos = int(free[0, ids.shape[1] + 2])
     options = DecodeOptions(max_new_tokens=24, eos_ids=frozenset([eos]), max_draft_len=4)
-    planner = BatchPlanner(TreePlanner(max_nodes=0), rows=4)
+    planner = TreePlanner(tree_budget=0)
     outputs, stats = batch_decode(BatchTreeModel(tiny_llama), ids, mask, [[] for _ in range(4)], options, planner)
     assert outputs[0].shape[0] <= 3 and outputs[0][-1] == eos
     assert stats.row_steps < stats.steps * 4  # later steps ran without the finished row
@@ -211,11 +210,9 @@ def test_bad_batches_are_refused_before_model_work(tiny_llama):
     right = torch.flip(mask, dims=[1])
     with pytest.raises(InvalidInputError, match="right padding"):
         ours(tiny_llama, torch.flip(ids, dims=[1]), right, 4)
-    with pytest.raises(InvalidInputError, match="output_scores"):
-        ours(tiny_llama, ids, mask, 4, return_dict_in_generate=True, output_scores=True)
     with pytest.raises(InvalidInputError, match="one list per row"):
         ours(tiny_llama, ids, mask, 4, drafters=[[PromptLookupDrafter()]])
-    with pytest.raises(InvalidInputError, match="streaming"):
+    with pytest.raises(InvalidInputError, match="one per row"):
         ours(tiny_llama, ids, mask, 4, draft_streamer=object())
 
 

@@ -1,33 +1,32 @@
-"""The batch planner shares one tree width across rows by expected tokens per second."""
+"""The planner shares one tree width across B rows by expected tokens per second."""
 
 import numpy as np
 
-from retrieval_draft.planning.batch_planner import BatchPlanner, extended_cost
 from retrieval_draft.planning.cost import VerifyCost
-from retrieval_draft.planning.planner import TreePlanner
+from retrieval_draft.planning.planner import TreePlanner, extended_cost
 
 # The CPU curve of DESIGN.md (ms by new tokens): forwards over 16 tokens cost two single steps.
 CPU = VerifyCost.from_points([1, 2, 4, 8, 16, 32, 64], [34, 37, 52, 61, 67, 83, 120], max_nodes=64)
 
 
-def planner(rows: int, max_nodes: int = 16) -> BatchPlanner:
-    return BatchPlanner(TreePlanner(max_nodes=max_nodes, cost=CPU), rows)
+def planner(tree_budget: int = 16) -> TreePlanner:
+    return TreePlanner(tree_budget=tree_budget, cost=CPU)
 
 
 def test_rows_without_good_drafts_fall_back_to_one_token_per_row():
     weak = [np.full(8, 0.05) for _ in range(4)]
-    assert planner(4).width(weak) == 0
+    assert planner().width(weak) == 0
 
 
 def test_one_grounded_row_buys_width_for_the_batch():
     sure = np.full(8, 0.95) ** np.arange(1, 9)  # a long chain the model will likely accept
     rows = [sure] + [np.empty(0)] * 3
-    assert planner(4).width(rows) >= 4
+    assert planner().width(rows) >= 4
 
 
 def test_larger_batches_get_narrower_trees_for_the_same_drafts():
     good = np.full(8, 0.8) ** np.arange(1, 9)
-    widths = [planner(rows).width([good] * rows) for rows in (1, 4, 16)]
+    widths = [planner().width([good] * rows) for rows in (1, 4, 16)]
     assert widths[0] >= widths[1] >= widths[2]
     assert widths[0] > widths[2]
 
@@ -41,5 +40,5 @@ def test_the_curve_is_extended_along_its_last_slope_for_big_batches():
 
 
 def test_without_a_cost_curve_every_row_takes_its_budget():
-    batch = BatchPlanner(TreePlanner(max_nodes=6), rows=2)
+    batch = TreePlanner(tree_budget=6)
     assert batch.width([np.full(10, 0.1)[:6], np.full(3, 0.1)]) == 6

@@ -21,7 +21,6 @@ import retrieval_draft
 import retrieval_draft.decode.readout as readout
 from retrieval_draft.decode.batch_engine import batch_decode
 from retrieval_draft.decode.engine import DecodeOptions
-from retrieval_draft.planning.batch_planner import BatchPlanner
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.target.batch_tree_model import BatchTreeModel
 from tests.test_sampling_distribution import (
@@ -74,7 +73,7 @@ def batch_draws(model, runs: int, conditionals) -> list[np.ndarray]:
     processor = engine_processor()
     out = [np.empty((runs, ENGINE_HORIZON), dtype=np.int64) for _ in PROMPTS]
     for i in range(runs):
-        planner = BatchPlanner(TreePlanner(max_nodes=8), rows=len(PROMPTS))
+        planner = TreePlanner(tree_budget=8)
         outputs, _ = batch_decode(BatchTreeModel(model, skinny_sizes=frozenset()), ids, mask, drafters, options, planner, processor, generator)
         for row, output in enumerate(outputs):
             out[row][i] = output

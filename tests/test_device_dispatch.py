@@ -17,8 +17,8 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from retrieval_draft.decode import engine
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
-from retrieval_draft.decode.tree import DraftTree, build_tree
-from retrieval_draft.drafters.base import Draft
+from retrieval_draft.tree import DraftTree, build_tree
+from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.planning import cost
 from retrieval_draft.planning.planner import TreePlanner
@@ -177,15 +177,15 @@ class FixedTimer:
 
 
 class RecordingPlanner(TreePlanner):
-    def observe_forward(self, size: int, seconds: float) -> None:
+    def observe_forward(self, rows: int, tokens: int, seconds: float) -> None:
         self.seen = getattr(self, "seen", []) + [seconds]
-        super().observe_forward(size, seconds)
+        super().observe_forward(rows, tokens, seconds)
 
 
 def test_decoding_and_cost_measurement_time_forwards_with_the_device_timer(tiny_llama, monkeypatch):
     monkeypatch.setattr(engine, "ForwardTimer", FixedTimer)
     monkeypatch.setattr(cost, "ForwardTimer", FixedTimer)
-    planner = RecordingPlanner(max_nodes=8)
+    planner = RecordingPlanner(tree_budget=8)
     options = DecodeOptions(max_new_tokens=12, eos_ids=frozenset())
     speculative_decode(TreeModel(tiny_llama), random_prompt(1, repeat=2), [PromptLookupDrafter()], options, planner=planner)
     assert planner.seen and set(planner.seen) == {0.125}

@@ -9,7 +9,7 @@ import torch
 
 import retrieval_draft
 from retrieval_draft.decode.engine import DecodeStats
-from retrieval_draft.drafters.base import Draft
+from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.planning.drafter_gate import DrafterGate
 from tests.conftest import RandomDrafter, make_tiny_llama, random_prompt

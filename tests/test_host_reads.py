@@ -23,12 +23,11 @@ from retrieval_draft.decode import readout
 from retrieval_draft.decode.batch_engine import batch_decode
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
 from retrieval_draft.decode.readout import TreeJob, read_verdicts
-from retrieval_draft.decode.tree import build_tree
+from retrieval_draft.tree import build_tree
 from retrieval_draft.decode.verify import verify_greedy, verify_sampling
-from retrieval_draft.drafters.base import Draft
+from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
-from retrieval_draft.planning.batch_planner import BatchPlanner
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.target.batch_tree_model import BatchTreeModel
 from retrieval_draft.target.tree_model import TreeModel
@@ -96,7 +95,7 @@ def reads_per_step(tiny_llama, processor=None, do_sample=False) -> tuple[list[li
         with model.reads:
             _, stats = speculative_decode(
                 model, random_prompt(3, length=10, repeat=3), drafters, options, processor=processor,
-                generator=generator, planner=TreePlanner(max_nodes=16),
+                generator=generator, planner=TreePlanner(tree_budget=16),
             )
     finally:
         model.reads.close()
@@ -127,7 +126,7 @@ def test_a_batch_step_reads_the_host_once_for_all_rows(tiny_llama):
     for row, prompt in enumerate(prompts):
         ids[row, 24 - prompt.shape[0] :], mask[row, 24 - prompt.shape[0] :] = prompt, 1
     drafters = [[PromptLookupDrafter(), RecyclingDrafter(TINY_VOCAB)] for _ in prompts]
-    planner = BatchPlanner(TreePlanner(max_nodes=8), rows=2)
+    planner = TreePlanner(tree_budget=8)
     try:
         with model.reads:
             batch_decode(model, ids, mask, drafters, DecodeOptions(max_new_tokens=16, eos_ids=frozenset()), planner)
@@ -155,7 +154,7 @@ def test_one_read_sampling_equals_node_by_node_sampling_and_consumes_the_same_ra
     processor = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5), *warpers()])
     node_by_node, one_read = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
     expected = verify_sampling(tree, logits, processor, torch.from_numpy(prefix), node_by_node)
-    got = read_verdicts([TreeJob(tree, logits, prefix, one_read)], processor, do_sample=True)[0]
+    got = read_verdicts([TreeJob(tree, logits, prefix, processor, one_read)], do_sample=True)[0]
     assert got.accepted.tolist() == expected.accepted.tolist() and got.bonus == expected.bonus
     assert torch.equal(one_read.get_state(), node_by_node.get_state())
 
@@ -169,7 +168,7 @@ def test_one_read_greedy_with_a_processor_equals_node_by_node_greedy(seed):
     # prompt_ignore_length of batch size 1, as HF's generate builds it: nodes must reach it one by one
     processor = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(3.0, prompt_ignore_length=torch.tensor([2]))])
     expected = verify_greedy(tree, logits, processor, torch.from_numpy(prefix))
-    got = read_verdicts([TreeJob(tree, logits, prefix)], processor, do_sample=False)[0]
+    got = read_verdicts([TreeJob(tree, logits, prefix, processor)], do_sample=False)[0]
     assert got.accepted.tolist() == expected.accepted.tolist() and got.bonus == expected.bonus
 
 

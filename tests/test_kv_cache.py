@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from retrieval_draft.decode.tree import DraftTree
+from retrieval_draft.tree import DraftTree
 from retrieval_draft.target.kv_cache import MIN_CAPACITY, GrowingLayer, growing_cache
 from retrieval_draft.target.tree_model import TreeModel
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import retrieval_draft
-from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.draft import Draft
+from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.planning.calibration import AcceptanceCalibrator
 from retrieval_draft.planning.cost import VerifyCost, measure_cost
@@ -21,17 +22,22 @@ def chain(tokens, probs):
     return Draft(np.array(tokens), np.array(probs, dtype=float))
 
 
+def best_size(curve: VerifyCost, probs: np.ndarray) -> int:
+    """Draft nodes a planner on ``curve`` verifies for one row whose ranked candidates are ``probs``."""
+    return TreePlanner(tree_budget=curve.max_nodes, cost=curve).width([probs])
+
+
 def test_unlikely_drafts_are_not_worth_verifying_on_a_cpu():
-    assert CPU_CURVE.best_size(np.array([0.05, 0.04, 0.03])) == 0
+    assert best_size(CPU_CURVE, np.array([0.05, 0.04, 0.03])) == 0
 
 
 def test_likely_drafts_grow_the_tree():
-    assert CPU_CURVE.best_size(np.full(8, 0.9)) == 8
+    assert best_size(CPU_CURVE, np.full(8, 0.9)) == 8
 
 
 def test_a_flat_gpu_like_curve_takes_more_nodes_than_a_steep_one():
     probs = np.sort(np.random.default_rng(0).uniform(0.0, 0.5, 40))[::-1]
-    assert FLAT_CURVE.best_size(probs) > CPU_CURVE.best_size(probs)
+    assert best_size(FLAT_CURVE, probs) > best_size(CPU_CURVE, probs)
 
 
 def test_calibrator_moves_toward_the_observed_rate():
@@ -53,32 +59,32 @@ def test_only_tokens_after_a_right_prefix_are_graded():
 
 
 def test_planned_tree_probabilities_never_rise_down_the_tree():
-    planner = TreePlanner(max_nodes=16)
+    planner = TreePlanner(tree_budget=16)
     drafts = [("a", chain([1, 2, 3], [0.5, 0.9, 0.9])), ("b", chain([4, 5], [0.3, 0.95]))]
-    tree = planner.plan(0, drafts)
+    tree = planner.plan([0], [drafts])[0]
     assert tree.size == 6
     assert np.all(tree.probs[1:] <= tree.probs[tree.parents[1:]] + 1e-12)
 
 
 def test_planner_shrinks_to_plain_decoding_when_drafts_keep_failing():
-    planner = TreePlanner(max_nodes=16, cost=CPU_CURVE)
+    planner = TreePlanner(tree_budget=16, cost=CPU_CURVE)
     drafts = [("lookup", chain([1, 2, 3, 4], [0.8, 0.85, 0.85, 0.85]))]
-    assert planner.plan(0, drafts).size > 1
+    assert planner.plan([0], [drafts])[0].size > 1
     for _ in range(60):
-        planner.plan(0, drafts)
-        planner.observe(drafts, np.array([7]), 0.0)
-    assert planner.plan(0, drafts).size == 1
+        planner.plan([0], [drafts])[0]
+        planner.observe([drafts], [np.array([7])], 0.0, [{}])
+    assert planner.plan([0], [drafts])[0].size == 1
 
 
 def test_a_reliable_drafter_wins_the_budget_from_a_confident_but_wrong_one():
-    planner = TreePlanner(max_nodes=2)
+    planner = TreePlanner(tree_budget=2)
     wrong = ("loud", chain([1, 2], [0.95, 0.95]))
     right = ("quiet", chain([5, 6], [0.3, 0.3]))
-    assert planner.plan(0, [wrong, right]).tokens[1:].tolist() == [1, 2]
+    assert planner.plan([0], [[wrong, right]])[0].tokens[1:].tolist() == [1, 2]
     for _ in range(40):  # the pruned drafter is graded too, so it can win
-        planner.plan(0, [wrong, right])
-        planner.observe([wrong, right], np.array([5, 6, 8]), 0.0)
-    assert planner.plan(0, [wrong, right]).tokens[1:].tolist() == [5, 6]
+        planner.plan([0], [[wrong, right]])[0]
+        planner.observe([[wrong, right]], [np.array([5, 6, 8])], 0.0, [{}])
+    assert planner.plan([0], [[wrong, right]])[0].tokens[1:].tolist() == [5, 6]
 
 
 def test_cost_curve_interpolates_between_measured_points_and_never_falls():
@@ -115,7 +121,7 @@ def test_a_repeated_task_gets_faster_with_output_history(tiny_llama):
     prompt = random_prompt(77, length=20)
     expected = tiny_llama.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=[])
     history = HistoryDrafter()
-    planner = TreePlanner(max_nodes=16)
+    planner = TreePlanner(tree_budget=16)
     runs = []
     for _ in range(2):
         stats = retrieval_draft.DecodeStats()
@@ -129,17 +135,17 @@ def test_a_repeated_task_gets_faster_with_output_history(tiny_llama):
 
 
 def test_a_prefix_shared_by_one_drafters_branches_is_graded_once():
-    planner = TreePlanner(max_nodes=8)
+    planner = TreePlanner(tree_budget=8)
     drafts = [("ngram", chain([1, 2], [0.5, 0.5])), ("ngram", chain([1, 3], [0.5, 0.5]))]
-    planner.plan(0, drafts)
-    planner.observe(drafts, np.array([1, 3, 4]), 0.0)
+    planner.plan([0], [drafts])[0]
+    planner.observe([drafts], [np.array([1, 3, 4])], 0.0, [{}])
     calibrator = planner.calibrators["ngram"]
     assert calibrator.trials.sum() == 3  # token 1 once, then 2 (wrong) and 3 (right)
     assert calibrator.hits.sum() == 2
 
 
 def test_siblings_conditional_probabilities_are_capped_at_one():
-    from retrieval_draft.decode.tree import merge_drafts
+    from retrieval_draft.tree import merge_drafts
     from retrieval_draft.planning.planner import cap_siblings
 
     tree = cap_siblings(merge_drafts(0, [chain([1, 2], [0.9, 0.5]), chain([3], [0.9]), chain([4], [0.2])]))
@@ -191,8 +197,8 @@ def test_observed_forward_times_reshape_a_curve_measured_on_a_busy_machine():
     assert fixed.seconds[33] == pytest.approx(0.090)
     assert observed.drifted()
     probs = np.full(32, 0.05)  # 1.6 expected extra tokens from 32 nodes
-    assert busy.best_size(probs) == 32  # the busy curve says: verify everything
-    assert fixed.best_size(probs) == 0  # the observed curve says: plain decoding
+    assert best_size(busy, probs) == 32  # the busy curve says: verify everything
+    assert best_size(fixed, probs) == 0  # the observed curve says: plain decoding
     assert observed.faster()  # worth keeping on disk: the idle machine is faster than that curve
 
 

@@ -4,9 +4,9 @@ import numpy as np
 import torch
 
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
-from retrieval_draft.decode.tree import merge_drafts
+from retrieval_draft.tree import merge_drafts
 from retrieval_draft.decode.verify import verify_greedy
-from retrieval_draft.drafters.base import Draft
+from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.registry import DraftSources, make_drafters
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.target.tree_model import TreeModel

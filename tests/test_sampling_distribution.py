@@ -42,9 +42,10 @@ from transformers import (
 
 import retrieval_draft.decode.readout as readout
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
-from retrieval_draft.decode.tree import DraftTree, build_tree
+from retrieval_draft.tree import DraftTree, build_tree
 from retrieval_draft.decode.verify import Verdict, node_scores, verify_sampling
-from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.draft import Draft
+from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.target.tree_model import TreeModel
@@ -415,7 +416,7 @@ def engine_draws(model, runs: int, conditionals, menu: str = "knowing", steps: l
     processor = engine_processor()
     out = np.empty((runs, ENGINE_HORIZON), dtype=np.int64)
     for i in range(runs):
-        planner = TreePlanner(max_nodes=8)
+        planner = TreePlanner(tree_budget=8)
         out[i], stats = speculative_decode(TreeModel(model), prompt, drafters, options, processor, generator, planner=planner)
         if steps is not None:
             steps.append((stats.steps, stats.step_tokens))

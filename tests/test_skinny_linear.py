@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from retrieval_draft.decode.tree import DraftTree
+from retrieval_draft.tree import DraftTree
 from retrieval_draft.planning.cost import kernel_sizes, measure_cost
 from retrieval_draft.target.skinny_linear import eligible_linears, skinny_linear, skinny_linears, skinny_matmul
 from retrieval_draft.target.tree_model import TreeModel

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from retrieval_draft.decode.tree import DraftTree, build_tree
-from retrieval_draft.drafters.base import Draft
+from retrieval_draft.tree import DraftTree, build_tree
+from retrieval_draft.draft import Draft
 
 
 def draft(tokens, probs):

@@ -4,9 +4,9 @@ import numpy as np
 import torch
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
-from retrieval_draft.decode.tree import build_tree
+from retrieval_draft.tree import build_tree
 from retrieval_draft.decode.verify import verify_greedy
-from retrieval_draft.drafters.base import Draft
+from retrieval_draft.draft import Draft
 
 VOCAB = 10
 

@@ -37,8 +37,9 @@ import torch
 
 from retrieval_draft.config import DEFAULTS
 from retrieval_draft.decode.engine import DecodeOptions, DecodeStats, speculative_decode
-from retrieval_draft.decode.tree import DraftTree
-from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.tree import DraftTree
+from retrieval_draft.draft import Draft
+from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.registry import DRAFTERS, DraftSources, default_names, make_drafters
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
@@ -84,6 +85,10 @@ class ReplayModel:
             raise ValueError("the prompt is not the start of the reference")
         self.past_len = int(prompt.shape[0])
         return self._one_hot(np.array([self._next(self.past_len)]))[0]
+
+    def verifiable(self, tree: DraftTree) -> DraftTree:
+        """``tree`` itself: the stand-in scores any tree shape."""
+        return tree
 
     def score_tree(self, tree: DraftTree) -> torch.Tensor:
         """Logits of every node, shape (n, V), float32; the root is the reference token at ``past_len``."""

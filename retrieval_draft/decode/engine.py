@@ -18,7 +18,7 @@ import torch
 
 from retrieval_draft.config import DEFAULTS
 from retrieval_draft.decode.readout import TreeJob, verify_trees
-from retrieval_draft.decode.tree import build_tree
+from retrieval_draft.tree import build_tree
 from retrieval_draft.decode.verify import LogitsProcessor, Verdict
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.errors import InvalidInputError
@@ -35,7 +35,7 @@ class DecodeOptions:
         max_new_tokens: stop after this many new tokens.
         eos_ids: generation stops right after emitting any of these.
         max_draft_len: deepest draft path, in tokens (the node budget is the
-            planner's ``max_nodes``).
+            planner's ``tree_budget``).
         do_sample: sample (lossless speculative sampling) instead of greedy.
     """
 
@@ -115,7 +115,7 @@ def speculative_decode(
     token j was chosen from). Returns the new tokens, shape (m,), and statistics.
     """
     stats = DecodeStats()
-    planner = planner if planner is not None else TreePlanner(max_nodes=DEFAULTS.tree_budget)
+    planner = planner if planner is not None else TreePlanner(tree_budget=DEFAULTS.tree_budget)
     length = prompt.shape[1]
     context = np.empty(length + options.max_new_tokens + 1, dtype=np.int64)
     context[:length] = prompt[0].cpu().numpy()
@@ -140,16 +140,16 @@ def speculative_decode(
         tick = time.perf_counter()
         asked = _ask_drafters(drafters, context[:emitted], remaining, options, planner)
         drafts = [(name, draft) for name, (proposed, _) in asked.items() for draft in proposed]
-        tree = model.verifiable(planner.plan(int(context[emitted - 1]), drafts))
+        tree = model.verifiable(planner.plan([int(context[emitted - 1])], [drafts])[0])
         tock = time.perf_counter()
         timer.start()
         logits = model.score_tree(tree)
         timer.stop()
         verdict = _verify(tree, logits, context[:emitted], options, processor, generator, observers)
-        planner.observe_forward(tree.size, timer.seconds())  # after the verdict's host read: no extra wait
+        planner.observe_forward(1, tree.size, timer.seconds())  # after the verdict's host read: no extra wait
         model.keep(np.concatenate([[0], verdict.accepted]))
         new = np.append(tree.tokens[verdict.accepted], verdict.bonus)
-        planner.observe(drafts, new, tock - tick, asked)
+        planner.observe([drafts], [new], tock - tick, [asked])
         stats.draft_s += tock - tick
         stats.verify_s += time.perf_counter() - tock
         stats.steps += 1
@@ -158,7 +158,7 @@ def speculative_decode(
         done, emitted = _emit(new, context, emitted, length, options, should_stop, on_tokens, drafters)
         stats.step_tokens += emitted - before
         if on_logits is not None:
-            on_logits(_emitted_rows(logits, verdict, emitted - before), context[:emitted])
+            on_logits(emitted_rows(logits, verdict, emitted - before), context[:emitted])
     stats.new_tokens = emitted - length
     output = context[length:emitted].copy()
     for drafter in drafters:
@@ -172,7 +172,7 @@ def _ask_drafters(
     """Proposals of the drafters the planner's gate lets through this step, no longer than
     the tokens left allow: drafter name -> (its drafts, seconds its ``propose`` took)."""
     max_len = min(options.max_draft_len, remaining - 1)
-    if max_len <= 0 or planner.max_nodes == 0:
+    if max_len <= 0 or planner.tree_budget == 0:
         return {}
     asked: dict[str, tuple[list, float]] = {}
     for drafter in drafters:
@@ -186,7 +186,7 @@ def _ask_drafters(
     return asked
 
 
-def _emitted_rows(logits: torch.Tensor, verdict: Verdict, count: int) -> torch.Tensor:
+def emitted_rows(logits: torch.Tensor, verdict: Verdict, count: int) -> torch.Tensor:
     """Rows of tree ``logits`` (n, V) that chose the first ``count`` emitted tokens: (count, V).
 
     The first accepted node was chosen at the root, each later one at its
@@ -199,7 +199,7 @@ def _emitted_rows(logits: torch.Tensor, verdict: Verdict, count: int) -> torch.T
 def _verify(tree, logits, context, options, processor, generator, observers) -> Verdict:
     """Greedy or sampling verification of ``tree`` (``logits``: (n, V)); ``context`` (shape (L,))
     runs through the root. ``observers`` record the tree from the same host read."""
-    return verify_trees([TreeJob(tree, logits, context, generator, observers)], processor, options.do_sample)[0]
+    return verify_trees([TreeJob(tree, logits, context, processor, generator, observers)], options.do_sample)[0]
 
 
 def cut_at_stop(

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from retrieval_draft.decode.tree import DraftTree
+from retrieval_draft.tree import DraftTree
 from retrieval_draft.decode.verify import (
     LogitsProcessor, Verdict, greedy_choices, has_processor, sampling_choices, verify_greedy, verify_sampling, walk,
 )
@@ -39,6 +39,7 @@ class TreeJob:
         tree: n nodes.
         logits: (n, V) the model's raw logits at every node, on the model's device.
         prefix: (L,) int64 host ids through the root (what a processor sees before the path).
+        processor: this tree's row's logits processor (``target.row_processors``), or None.
         generator: the sampling stream (None: torch's global one; unused when greedy).
         observers: drafters that record the tree (``observes_trees``).
     """
@@ -46,6 +47,7 @@ class TreeJob:
     tree: DraftTree
     logits: torch.Tensor
     prefix: np.ndarray
+    processor: LogitsProcessor | None = None
     generator: torch.Generator | None = None
     observers: Sequence[Drafter] = ()
 
@@ -56,29 +58,29 @@ def walks_on_host(device: torch.device, do_sample: bool, processor: LogitsProces
     return device.type == "cpu" and (do_sample or has_processor(processor))
 
 
-def verify_trees(jobs: Sequence[TreeJob], processor: LogitsProcessor | None, do_sample: bool) -> list[Verdict]:
+def verify_trees(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
     """Every job's verdict, its observers fed: node by node on the host where ``walks_on_host``
     says so, all the other jobs together with ONE host read (``read_verdicts``)."""
     verdicts: list[Verdict | None] = [None] * len(jobs)
     fused = []
     for i, job in enumerate(jobs):
-        if not walks_on_host(job.logits.device, do_sample, processor):
+        if not walks_on_host(job.logits.device, do_sample, job.processor):
             fused.append(i)
             continue
         prefix = torch.from_numpy(job.prefix)
         if do_sample:
-            verdicts[i] = verify_sampling(job.tree, job.logits, processor, prefix, job.generator)
+            verdicts[i] = verify_sampling(job.tree, job.logits, job.processor, prefix, job.generator)
         else:
-            verdicts[i] = verify_greedy(job.tree, job.logits, processor, prefix)
+            verdicts[i] = verify_greedy(job.tree, job.logits, job.processor, prefix)
         for observer in job.observers:
             observer.observe_tree(job.tree.tokens, job.logits)
     if fused:
-        for i, verdict in zip(fused, read_verdicts([jobs[i] for i in fused], processor, do_sample)):
+        for i, verdict in zip(fused, read_verdicts([jobs[i] for i in fused], do_sample)):
             verdicts[i] = verdict
     return verdicts
 
 
-def read_verdicts(jobs: Sequence[TreeJob], processor: LogitsProcessor | None, do_sample: bool) -> list[Verdict]:
+def read_verdicts(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
     """Verify every job's tree with ONE host read; feed each job's observers from the same read.
 
     Greedy verdicts equal ``verify_greedy``'s; sampled ones equal ``verify_sampling``'s with the
@@ -87,9 +89,9 @@ def read_verdicts(jobs: Sequence[TreeJob], processor: LogitsProcessor | None, do
     blocks, rewinds, widths = [], [], []
     for job in jobs:
         if do_sample:
-            choices, rewind = sampling_choices(job.tree, job.logits, processor, job.prefix, job.generator)
+            choices, rewind = sampling_choices(job.tree, job.logits, job.processor, job.prefix, job.generator)
         else:
-            choices, rewind = greedy_choices(job.tree, job.logits, processor, job.prefix), None
+            choices, rewind = greedy_choices(job.tree, job.logits, job.processor, job.prefix), None
         requests = [observer.tree_request(job.logits) for observer in job.observers]
         columns = [choices.to(torch.int32)[:, None], *requests]
         blocks.append(torch.cat(columns, dim=1).reshape(-1) if requests else columns[0].reshape(-1))

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from retrieval_draft.decode.tree import DraftTree
+from retrieval_draft.tree import DraftTree
 
 # (input_ids of shape (1, L), scores of shape (1, V)) -> scores of shape (1, V);
 # a transformers LogitsProcessorList fits.

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.draft import Draft
+from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.store.query import ngram_drafts
 from retrieval_draft.store.reader import Datastore
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.draft import Draft
+from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.tail_match import continuations, tail_matches
 
 

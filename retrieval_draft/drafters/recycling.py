@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.draft import Draft
+from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.tagged_npz import load_tagged, save_tagged
 from retrieval_draft.errors import CorruptRecyclingTableError, InvalidInputError
 

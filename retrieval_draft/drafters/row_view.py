@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.draft import Draft
+from retrieval_draft.drafters.base import Drafter
 
 
 class RowView(Drafter):

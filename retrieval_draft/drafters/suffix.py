@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.drafters.base import Draft, Drafter
+from retrieval_draft.draft import Draft
+from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.store.query import narrow_range, suffix_drafts
 from retrieval_draft.store.reader import Datastore
 from retrieval_draft.store.suffix_trie import encode_ids

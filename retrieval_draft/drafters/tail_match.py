@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.drafters.base import Draft
+from retrieval_draft.draft import Draft
 
 # Starting estimates of how likely a copied token is accepted, by the length
 # of the tail match behind it; band b covers match lengths from

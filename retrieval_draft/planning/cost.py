@@ -4,8 +4,8 @@ On a CPU one forward over 16 new tokens costs about two single-token
 forwards, on a GPU hardly more than one; so the tree size that maximises
 accepted tokens per second depends on the device. ``VerifyCost`` measures
 the curve once per model and machine (``cost_file`` keeps it on disk), and
-``best_size`` picks the number of draft nodes that maximises expected tokens
-per second given the nodes' estimated acceptance probabilities. On CPU the
+``TreePlanner.width`` picks the number of draft nodes that maximises expected
+tokens per second given the nodes' estimated acceptance probabilities. On CPU the
 measurement also times each probed size of 4-16 nodes with and without the
 skinny matmul (``skinny_linear.py``) and keeps, per size, whichever was faster.
 """
@@ -56,24 +56,6 @@ class VerifyCost:
         curve[0] = curve[1]
         return cls(curve, skinny_sizes, steady)
 
-    def best_size(self, probs: np.ndarray, overhead_s: float = 0.0) -> int:
-        """How many draft nodes to verify.
-
-        Args:
-            probs: shape (m,), estimated acceptance probabilities of the candidate
-                draft nodes, sorted in decreasing order (an ancestor-closed prefix
-                for every length).
-            overhead_s: fixed per-step time beside the forward (drafting, bookkeeping).
-
-        Returns:
-            n in [0, m]: expected tokens per step ``1 + sum(probs[:n])`` divided by
-            ``seconds[n + 1] + overhead_s`` is largest there.
-        """
-        m = min(int(probs.shape[0]), self.max_nodes - 1)
-        gain = 1.0 + np.concatenate([[0.0], np.cumsum(probs[:m])])
-        rate = gain / (self.seconds[1 : m + 2] + overhead_s)
-        return int(np.argmax(rate))
-
 
 def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PROBE_CACHE_LEN, repeats: int = 3) -> VerifyCost:
     """Time tree forwards of ``sizes`` nodes after a ``cache_len``-token prompt (median of ``repeats``).
@@ -122,7 +104,7 @@ def time_chain(tree_model, size: int, rng: np.random.Generator, repeats: int, wa
     """Median seconds of ``repeats`` forwards over a random ``size``-token chain, after ``warmups``
     untimed ones; the cache is trimmed back to one new row after each. Timed by ``ForwardTimer``
     (CUDA events on a GPU, where the clock around the call would only time the launch)."""
-    from retrieval_draft.decode.tree import DraftTree
+    from retrieval_draft.tree import DraftTree
 
     chain = DraftTree(
         tokens=rng.integers(0, tree_model.model.config.vocab_size, size=size),

@@ -1,13 +1,21 @@
-"""Choosing each step's token tree: calibrate the drafts, merge them, size by cost.
+"""Choosing each step's token trees for B rows (one row: B = 1): calibrate, merge, size by cost.
 
 Each drafter's guesses are first mapped to observed acceptance rates (one
 calibrator per drafter, graded every step against what the model produced),
 so a noisy drafter's many branches cost little and a reliable one's long
-chains are kept. With a measured cost curve the planner keeps the nodes most
-likely to be accepted and stops where one more node would lower the expected
-accepted tokens per second; when drafts keep failing the tree shrinks to the
-lone root, which is plain decoding. Without a cost curve it keeps a fixed
-number of nodes.
+chains are kept. All rows' trees go through one forward padded to a common
+width W, which costs about one forward over ``B * W`` tokens; each row keeps
+its ``W - 1`` most probable draft nodes, and the expected tokens of a step are
+``B + sum over rows of those nodes' probabilities``. With a measured cost
+curve the planner picks the W that maximises expected tokens per second, so
+the node budget goes where drafts are good; when drafts do not pay, W is 1
+(the lone root: plain decoding). Without a cost curve every row keeps up to
+``tree_budget`` nodes.
+
+The cost curve is measured up to 64 tokens; beyond that it is extended along
+the slope of its last stretch (``extended_cost``). Forwards of several rows
+also read B caches, so their times are corrected by an ``ObservedCost`` of
+their own, kept apart from the model's single-row corrections.
 """
 
 from __future__ import annotations
@@ -15,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from retrieval_draft.config import DEFAULTS
-from retrieval_draft.decode.tree import DraftTree, merge_drafts
-from retrieval_draft.drafters.base import Draft
+from retrieval_draft.tree import DraftTree, merge_drafts
+from retrieval_draft.draft import Draft
 from retrieval_draft.planning.calibration import AcceptanceCalibrator
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
 from retrieval_draft.planning.drafter_gate import DrafterGate
@@ -25,39 +33,41 @@ SourcedDrafts = list[tuple[str, Draft]]  # (drafter name, draft)
 
 
 class TreePlanner:
-    """Builds one tree per step and learns from each step's outcome.
+    """Builds each step's trees (one per row) and learns from each step's outcome.
 
     Args:
-        max_nodes: most draft nodes in a tree (root excluded).
-        cost: forward time by tree size; None means always ``max_nodes``.
+        tree_budget: most draft nodes in a tree (root excluded).
+        cost: forward time by tree size; None means always ``tree_budget``.
         overhead_decay: smoothing of the measured per-step drafting time.
         calibrators: drafter name -> calibrator, shared with whoever passes the
             same dict (the plugin keeps one per model, so each call starts from
             the rates earlier calls observed); None starts from the priors.
         gate: decides which drafters are asked each step (only with a cost
             curve, which prices an accepted token); default a fresh ``DrafterGate``.
-        observed: corrections of ``cost`` from the forward times decoding sees,
-            shared like ``calibrators`` (the plugin keeps one per model).
+        observed: corrections of ``cost`` from the single-row forward times decoding
+            sees, shared like ``calibrators`` (the plugin keeps one per model).
     """
 
     def __init__(
         self,
-        max_nodes: int = DEFAULTS.tree_budget,
+        tree_budget: int = DEFAULTS.tree_budget,
         cost: VerifyCost | None = None,
         overhead_decay: float = 0.9,
         calibrators: dict[str, AcceptanceCalibrator] | None = None,
         gate: DrafterGate | None = None,
         observed: ObservedCost | None = None,
     ) -> None:
-        if max_nodes < 0:
-            raise ValueError("max_nodes must be >= 0")
-        self.max_nodes = max_nodes
+        if tree_budget < 0:
+            raise ValueError("tree_budget must be >= 0")
+        self.tree_budget = tree_budget
         self.cost = cost
         self.calibrators: dict[str, AcceptanceCalibrator] = calibrators if calibrators is not None else {}
         self.overhead_decay = overhead_decay
         self.overhead_s = 0.0
         self.gate = gate if gate is not None else DrafterGate()
         self.observed = observed if observed is not None else ObservedCost()
+        self.batch_observed = ObservedCost()  # corrections of forwards over several rows
+        self._curves: dict[int, VerifyCost] = {}  # rows -> the cost curve extended to cover them
 
     def should_ask(self, name: str) -> bool:
         """Whether to query drafter ``name`` this step (always, without a cost curve)."""
@@ -84,31 +94,66 @@ class TreePlanner:
         ]
         return cap_siblings(merge_drafts(root_token, calibrated))
 
-    def plan(self, root_token: int, drafts: SourcedDrafts) -> DraftTree:
-        """The tree to verify this step, rooted at the pending token."""
-        full = self.candidates(root_token, drafts)
-        budget = min(self.max_nodes, full.size - 1)
-        if self.cost is not None and budget > 0:
-            ranked = np.sort(full.probs[1:])[::-1][:budget]
-            budget = self.observed.apply(self.cost).best_size(ranked, self.overhead_s)
-        return full.top(budget, full.probs)
+    def plan(self, roots: list[int], drafts: list[SourcedDrafts]) -> list[DraftTree]:
+        """Row i's tree rooted at its pending token ``roots[i]`` from ``drafts[i]``; every
+        tree keeps ``width`` draft nodes or fewer."""
+        fulls = [self.candidates(root, row) for root, row in zip(roots, drafts)]
+        budget = self.width([np.sort(full.probs[1:])[::-1][: self.tree_budget] for full in fulls])
+        return [full.top(budget, full.probs) for full in fulls]
 
-    def observe_forward(self, size: int, seconds: float) -> None:
-        """A tree forward over ``size`` new tokens (root included) took ``seconds``."""
+    def width(self, ranked: list[np.ndarray]) -> int:
+        """Draft nodes per row (W - 1) that maximise expected tokens per second.
+
+        ``ranked[i]``: row i's candidate probabilities, decreasing (shape (m_i,), at most
+        ``tree_budget``). Without a cost curve every row takes all it has.
+        """
+        most = max((r.shape[0] for r in ranked), default=0)
+        if self.cost is None or most == 0:
+            return most
+        rows = len(ranked)
+        gains = np.full(most + 1, float(rows))
+        for probs in ranked:
+            summed = np.concatenate([[0.0], np.cumsum(probs)])
+            gains += summed[np.minimum(np.arange(most + 1), probs.shape[0])]
+        cost = self._corrections(rows).apply(self._curve(rows))
+        tokens = rows * np.arange(1, most + 2)
+        seconds = cost.seconds[np.minimum(tokens, cost.max_nodes)] + self.overhead_s
+        return int(np.argmax(gains / seconds))
+
+    def observe_forward(self, rows: int, tokens: int, seconds: float) -> None:
+        """A forward over ``rows`` rows' trees, ``tokens`` new tokens in all (rows x width), took ``seconds``."""
         if self.cost is not None:
-            self.observed.observe(self.cost, size, seconds)
+            self._corrections(rows).observe(self._curve(rows), tokens, seconds)
 
-    def observe(self, drafts: SourcedDrafts, truth: np.ndarray, draft_seconds: float, asked: dict | None = None) -> None:
-        """Grade every offered draft against ``truth``, the tokens the model produced
-        this step (accepted + bonus, shape (t,)); track drafting time. ``asked``:
-        drafter name -> (its drafts, seconds it took), for the drafter gate."""
-        if asked and self.cost is not None:
-            self.gate.observe(asked, truth, token_seconds=float(self.cost.seconds[1]))
+    def observe(
+        self, drafts: list[SourcedDrafts], truths: list[np.ndarray], draft_seconds: float, asked: list[dict]
+    ) -> None:
+        """Grade every row's drafts against what the model produced in that row (``truths[i]``,
+        accepted + bonus, shape (t_i,)); rates decay once per step, however many rows.
+        ``asked[i]``: drafter name -> (its drafts, seconds it took) for row i, for the drafter
+        gate. ``draft_seconds``: all rows' drafting time this step."""
+        if self.cost is not None and truths:
+            rows = len(truths)
+            token_seconds = float(self.cost.seconds[min(rows, self.cost.max_nodes)]) / rows  # a row's share of a plain step
+            for row_asked, truth in zip(asked, truths):
+                if row_asked:
+                    self.gate.observe(row_asked, truth, token_seconds=token_seconds)
         for calibrator in self.calibrators.values():
             calibrator.decay_counts()
-        self.grade(drafts, truth)
+        for row_drafts, truth in zip(drafts, truths):
+            self.grade(row_drafts, truth)
         d = self.overhead_decay
         self.overhead_s = d * self.overhead_s + (1 - d) * draft_seconds
+
+    def _curve(self, rows: int) -> VerifyCost:
+        """The cost curve covering ``rows`` full trees (extended past its measured sizes)."""
+        if rows not in self._curves:
+            self._curves[rows] = extended_cost(self.cost, rows * (self.tree_budget + 1))
+        return self._curves[rows]
+
+    def _corrections(self, rows: int) -> ObservedCost:
+        """Observed corrections for forwards of ``rows`` rows: the shared single-row ones, or the batch ones."""
+        return self.observed if rows == 1 else self.batch_observed
 
     def grade(self, drafts: SourcedDrafts, truth: np.ndarray) -> None:
         """Grade every offered draft against ``truth`` (shape (t,)), each shared prefix once."""
@@ -120,6 +165,18 @@ class TreePlanner:
                 skip += 1
             graded.update((source, *tokens[: i + 1]) for i in range(skip, len(tokens)))
             self.calibrator(source).grade(draft.probs, draft.tokens, truth, skip)
+
+
+def extended_cost(cost: VerifyCost, max_tokens: int) -> VerifyCost:
+    """``cost`` out to ``max_tokens`` new tokens, extrapolated along the slope of its last half."""
+    known = cost.seconds
+    top = cost.max_nodes
+    if max_tokens <= top:
+        return cost
+    half = max(top // 2, 1)
+    slope = max((known[top] - known[top - half]) / half, 0.0)
+    extra = known[top] + slope * np.arange(1, max_tokens - top + 1)
+    return VerifyCost(np.concatenate([known, extra]), cost.skinny_sizes, cost.steady)
 
 
 def cap_siblings(tree: DraftTree) -> DraftTree:

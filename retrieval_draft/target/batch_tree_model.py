@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from retrieval_draft.decode.tree import DraftTree
 from retrieval_draft.errors import InvalidInputError, UnsupportedModelError
+from retrieval_draft.tree import DraftTree
 from retrieval_draft.target.attention_layout import CHAIN, attention_layout
 from retrieval_draft.target.chain_probe import probe_chain_forward
 from retrieval_draft.target.kv_cache import growing_cache

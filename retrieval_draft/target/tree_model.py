@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from retrieval_draft.decode.tree import DraftTree
+from retrieval_draft.tree import DraftTree
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.target.attention_layout import CHAIN, attention_layout
 from retrieval_draft.target.chain_probe import probe_chain_forward
@@ -146,20 +146,29 @@ class TreeModel:
         return self.layout.masks(allowed, positions[None], key_pos[None], self.dtype)
 
 
-def validate_prompt(input_ids: torch.Tensor, max_new_tokens: int, vocab_size: int, limit: int | None) -> None:
-    """Raise InvalidInputError for inputs the engine cannot serve."""
-    if input_ids.dim() != 2:
-        raise InvalidInputError(f"input_ids must have shape (1, L), got {tuple(input_ids.shape)}")
-    if input_ids.shape[0] != 1:
-        raise InvalidInputError(f"batch size {input_ids.shape[0]} is not supported; pass one sequence")
+def validate_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab_size: int, limit: int | None) -> None:
+    """Raise InvalidInputError for prompts the engine cannot serve, before any model work.
+
+    ``input_ids`` and ``attention_mask``: (B, L), mask 1 on real tokens, left padding only
+    (one unpadded row: B = 1 and a mask of ones). ``limit``: the model's context (``context_limit``).
+    """
+    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+        raise InvalidInputError(
+            f"input_ids and attention_mask must both have shape (B, L); got {tuple(input_ids.shape)} and "
+            f"{tuple(attention_mask.shape)}"
+        )
     if input_ids.shape[1] == 0:
         raise InvalidInputError("the prompt is empty")
-    if max_new_tokens < 1:
-        raise InvalidInputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    mask = attention_mask.to(torch.long)
+    if bool(((mask != 0) & (mask != 1)).any()):
+        raise InvalidInputError("attention_mask must hold only 0 and 1")
+    real = mask.sum(dim=1)
+    if bool((real == 0).any()):
+        raise InvalidInputError("a row of the batch is empty (its attention_mask is all 0)")
+    if bool((mask[:, :-1] > mask[:, 1:]).any()):
+        raise InvalidInputError("right padding is not supported; tokenize with padding_side='left'")
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or high >= vocab_size:
         raise InvalidInputError(f"token ids must lie in [0, {vocab_size}); got range [{low}, {high}]")
-    if limit is not None and input_ids.shape[1] >= limit:
-        raise InvalidInputError(
-            f"the prompt has {input_ids.shape[1]} tokens; the model's context holds {limit}"
-        )
+    if limit is not None and int(real.max()) >= limit:
+        raise InvalidInputError(f"a prompt has {int(real.max())} tokens; the model's context holds {limit}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from retrieval_draft.drafters.base import Draft
+from retrieval_draft.draft import Draft
 
 
 @dataclass(frozen=True)
