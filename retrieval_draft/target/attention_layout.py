@@ -16,7 +16,8 @@ the model reads masks keyed by kind, and how trees are verified:
   4D mask cannot express, attention implementations that take no 4D mask);
 
 and it raises ``UnsupportedModelError`` for models whose cache holds recurrent state that
-cannot be cut back to the accepted tokens (state-space, linear-attention and convolution layers).
+cannot be cut back to the accepted tokens (state-space, linear-attention and convolution layers,
+judged by the cache layer kinds transformers' own ``DynamicCache`` would create).
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ from retrieval_draft.errors import UnsupportedModelError
 FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
 TREE, CHAIN = "tree", "chain"
 _MASKABLE_ATTENTION = frozenset({"sdpa", "eager"})
-# Layer kinds whose cache keeps a running state instead of one KV row per token.
-_RECURRENT_KINDS = frozenset({
-    "linear_attention", "conv", "hybrid", "hybrid_sliding", "mamba", "mamba2", "attention_mamba", "recurrent",
-    "rglru", "ssm", "deltanet", "gated_deltanet", "mlstm", "slstm",
-})
+# Cache layer kinds (transformers' ``DYNAMIC_LAYER_TYPE_MAPPING``): one KV row per token (our
+# in-place rows), rows plus extra per-token state that the layer's own ``crop`` cuts back, and
+# running states that nothing can cut back.
+_ROW_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "dummy"})
+_OWN_CACHE_KINDS = frozenset({"indexed_attention"})
+_RECURRENT_KINDS = frozenset({"linear_attention", "conv", "hybrid", "hybrid_sliding", "mamba", "attention_mamba"})
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class AttentionLayout:
         mode: ``TREE`` or ``CHAIN``.
         chain_reason: why trees are verified as chains (None in tree mode).
         takes_positions: ``forward`` accepts ``position_ids``.
+        own_cache_kinds: cache layer kinds that keep transformers' own layer class (extra
+            per-token state, cut back by the layer's ``crop``); empty for most models.
     """
 
     kinds: tuple[MaskKind, ...]
@@ -72,6 +76,7 @@ class AttentionLayout:
     mode: str
     chain_reason: str | None
     takes_positions: bool
+    own_cache_kinds: tuple[str, ...] = ()
 
     @property
     def windowed(self) -> bool:
@@ -95,7 +100,7 @@ class AttentionLayout:
 
 def attention_layout(model: torch.nn.Module) -> AttentionLayout:
     """The attention rule of ``model`` (a decoder-only causal LM); raises ``UnsupportedModelError``
-    for encoder-decoders and for caches that cannot be cut back."""
+    for encoder-decoders and for caches that cannot be cut back to the accepted tokens."""
     config = model.config
     name = type(model).__name__
     if getattr(config, "is_encoder_decoder", False):
@@ -103,18 +108,35 @@ def attention_layout(model: torch.nn.Module) -> AttentionLayout:
     params = inspect.signature(model.forward).parameters
     if "past_key_values" not in params:
         raise UnsupportedModelError(
-            f"{name} keeps a recurrent state instead of a KV cache, which cannot be cut back to accepted tokens"
+            f"{name} takes no KV cache (past_key_values): its recurrent state or full recomputation cannot be "
+            "cut back to accepted tokens"
         )
-    layer_types = tuple(getattr(config, "layer_types", None) or ())
-    recurrent = sorted(set(layer_types) & _RECURRENT_KINDS) or _block_types(config)
+    cache_kinds = cache_layer_kinds(config)
+    recurrent = sorted(kind for kind in cache_kinds if kind in _RECURRENT_KINDS)
     if recurrent:
         raise UnsupportedModelError(
             f"{name} has recurrent layers ({', '.join(recurrent)}) whose state cannot be cut back to accepted tokens"
         )
+    odd = sorted(cache_kinds - _ROW_KINDS - _OWN_CACHE_KINDS)
+    if odd:
+        raise UnsupportedModelError(f"{name} has cache layers ({', '.join(odd)}) that cannot be cut back to accepted tokens")
+    layer_types = tuple(getattr(config, "layer_types", None) or ())
     kinds, keyed, unknown = _mask_kinds(config, layer_types)
-    takes_positions = "position_ids" in params
-    reason = _chain_reason(config, params, unknown)
-    return AttentionLayout(kinds, keyed, CHAIN if reason else TREE, reason, takes_positions)
+    own = sorted(cache_kinds & _OWN_CACHE_KINDS)
+    reason = _chain_reason(config, params, unknown) or (f"its cache layers ({', '.join(own)}) keep extra state" if own else None)
+    return AttentionLayout(kinds, keyed, CHAIN if reason else TREE, reason, "position_ids" in params, tuple(own))
+
+
+def cache_layer_kinds(config) -> frozenset[str]:
+    """The cache layer kinds transformers' ``DynamicCache(config=...)`` would create for ``config``."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    decoder = config.get_text_config(decoder=True)
+    try:
+        kinds, _ = get_layer_types_and_kwargs(decoder)
+    except (AttributeError, TypeError, ValueError):  # configs from before per-layer configs
+        kinds = getattr(decoder, "layer_types", None) or ()
+    return frozenset(kinds)
 
 
 def _mask_kinds(config, layer_types: tuple) -> tuple[tuple[MaskKind, ...], bool, list[str]]:
@@ -124,7 +146,7 @@ def _mask_kinds(config, layer_types: tuple) -> tuple[tuple[MaskKind, ...], bool,
     if layer_types:
         spans = {FULL: None, SLIDING: window, CHUNKED: chunk}
         known = [t for t in dict.fromkeys(layer_types) if t in spans and (t == FULL or spans[t])]
-        unknown = sorted(set(layer_types) - set(known))
+        unknown = sorted(set(layer_types) - set(known) - {"moe", "mlp"})
         return tuple(MaskKind(t, spans[t]) for t in known) or (MaskKind(FULL),), True, unknown
     if window:
         return (MaskKind(SLIDING, int(window)),), False, []
@@ -145,15 +167,3 @@ def _chain_reason(config, params, unknown: list[str]) -> str | None:
     if impl not in _MASKABLE_ATTENTION:
         return f"attention implementation {impl!r} takes no 4D mask (load with attn_implementation='sdpa' for trees)"
     return None
-
-
-def _block_types(config) -> list[str]:
-    """Recurrent block kinds named by configs that list blocks outside ``layer_types``."""
-    for field in ("layers_block_type", "hybrid_override_pattern", "block_types"):
-        value = getattr(config, field, None)
-        if isinstance(value, (list, tuple)):
-            found = sorted({str(v) for v in value} & (_RECURRENT_KINDS | {"M", "mamba"}))
-            if found:
-                return found
-    return []
-

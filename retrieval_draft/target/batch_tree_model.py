@@ -28,8 +28,9 @@ import numpy as np
 import torch
 
 from retrieval_draft.decode.tree import DraftTree
-from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.errors import InvalidInputError, UnsupportedModelError
 from retrieval_draft.target.attention_layout import CHAIN, attention_layout
+from retrieval_draft.target.chain_probe import probe_chain_forward
 from retrieval_draft.target.kv_cache import growing_cache
 from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linears
 from retrieval_draft.target.transfer import to_device
@@ -43,9 +44,16 @@ class BatchTreeModel:
         """``skinny_sizes``: total forward sizes (rows x width) that use the skinny matmul on CPU
         (default ``SKINNY_ROWS``; ``VerifyCost.skinny_sizes`` holds the measured choice)."""
         self.layout = attention_layout(model)
+        if self.layout.own_cache_kinds:
+            raise UnsupportedModelError(
+                f"{type(model).__name__}'s cache layers ({', '.join(self.layout.own_cache_kinds)}) are verified "
+                "one row at a time: pass one prompt per call"
+            )
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        if self.layout.mode == CHAIN:
+            probe_chain_forward(model, growing_cache, self.layout.takes_positions)
         self._sdpa_configs = sdpa_configs(model)
         self._skinny = eligible_linears(model) if self.device.type == "cpu" else []
         self.skinny_sizes = frozenset(SKINNY_ROWS if skinny_sizes is None else skinny_sizes) if self._skinny else frozenset()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 MIN_CAPACITY = 256  # rows allocated at least, so short prompts do not regrow every few steps
 
@@ -90,3 +90,27 @@ def growing_cache() -> DynamicCache:
     cache = DynamicCache()
     cache.layer_class_to_replicate = GrowingLayer
     return cache
+
+
+def model_cache(config, own_layers: bool) -> DynamicCache:
+    """The cache a tree model runs on: ``growing_cache()``, or, for models whose cache layers keep
+    extra per-token state (``own_layers``), transformers' own ``DynamicCache(config=...)`` with
+    every plain KV layer swapped for a ``GrowingLayer`` (a sliding-window layer would drop rows
+    that a rejected draft's rollback must restore)."""
+    if not own_layers:
+        return growing_cache()
+    cache = DynamicCache(config=config)
+    cache.layers = [GrowingLayer() if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) else layer
+                    for layer in cache.layers]
+    return cache
+
+
+def cut_back(cache: DynamicCache, length: int) -> None:
+    """Keep the first ``length`` rows of every layer: ``GrowingLayer`` views are shortened in
+    place; any other layer class cuts itself back with its own ``crop``."""
+    for layer in cache.layers:
+        if isinstance(layer, GrowingLayer):
+            layer.keys = layer.keys[..., :length, :]
+            layer.values = layer.values[..., :length, :]
+        elif getattr(layer, "keys", None) is not None and layer.keys.shape[-2] > length:
+            layer.crop(length - layer.keys.shape[-2])

