@@ -1,11 +1,13 @@
 """Model coverage: the plugin against plain greedy ``generate`` on a tiny model of every causal-LM architecture.
 
-    python -m tools.model_coverage [--out FILE.md] [--only TYPE,TYPE]
+    python -m tools.model_coverage [--out FILE.md] [--only TYPE,TYPE] [--prompts N]
 
 Enumerates transformers' causal-LM auto mapping (``tests/model_zoo.py``), runs
 ``tests/zoo_check.check`` on each entry, and prints a markdown table:
 architecture, class, window kind, result, accepted tokens per step. With
 ``--out`` the table goes to FILE.md and the outcomes to FILE.json beside it.
+``--prompts N`` runs N prompt blocks on every model (not only until drafts are
+accepted, as the test does): a deeper sweep for outputs that differ.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 import transformers
 
 from tests.model_zoo import causal_lm_architectures
-from tests.zoo_check import IDENTICAL, Outcome, check
+from tests.zoo_check import IDENTICAL, Outcome, check, one_numba_thread
 
 
 def result_text(outcome: Outcome) -> str:
@@ -60,16 +62,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the table to this .md file and the outcomes as .json beside it")
     parser.add_argument("--only", help="comma-separated model types to check (default: all)")
+    parser.add_argument("--prompts", type=int, help="run this many prompt blocks on every model (default: the test's)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
     wanted = set(args.only.split(",")) if args.only else None
+    sweep = {"seeds": range(args.prompts), "every": True} if args.prompts else {}
     outcomes = []
-    for model_type, class_name in causal_lm_architectures():
-        if wanted is None or model_type in wanted:
-            outcomes.append(check(model_type, class_name))
-            print(f"{model_type}: {result_text(outcomes[-1])} ({outcomes[-1].seconds}s)", file=sys.stderr, flush=True)
+    with one_numba_thread():
+        for model_type, class_name in causal_lm_architectures():
+            if wanted is None or model_type in wanted:
+                outcomes.append(check(model_type, class_name, **sweep))
+                print(f"{model_type}: {result_text(outcomes[-1])} ({outcomes[-1].seconds}s)", file=sys.stderr, flush=True)
     table = markdown_table(outcomes)
     print(table)
     if args.out:
