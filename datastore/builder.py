@@ -30,8 +30,12 @@ SPOOL = "tokens.spool"
 
 
 def store_manifest(tmp: Path, tokens: np.ndarray, header: dict, params: IndexParams, index_stats: dict,
-                   extra: dict) -> dict:
-    """Write the manifest of the data files in ``tmp``; ``header`` holds vocab_size, fingerprint, documents."""
+                   extra: dict, sections: dict | None = None) -> dict:
+    """Write the manifest of the data files in ``tmp``; ``header`` holds vocab_size, fingerprint, documents.
+
+    ``extra`` joins ``stats``; ``sections`` are more top-level keys (a repo store's ``repo``),
+    covered by the manifest's self checksum like every other key.
+    """
     vocab_size = header["vocab_size"]
     index_stats = dict(index_stats)
     storage = {"dtype": tokens.dtype.name, "separator_id": separator_id(tokens.dtype),
@@ -43,6 +47,7 @@ def store_manifest(tmp: Path, tokens: np.ndarray, header: dict, params: IndexPar
         "storage": storage,
         "params": params.to_dict(),
         "stats": {"documents": header["documents"], "tokens": int(tokens.size), **index_stats, **extra},
+        **(sections or {}),
     }
     return write_manifest(tmp, body)
 
@@ -59,10 +64,12 @@ def publish(tmp: Path, out: Path) -> None:
     record_verified(store_identity(out))
 
 
-def _finish(tmp: Path, out: Path, tokens: np.ndarray, header: dict, params: IndexParams, extra: dict) -> dict:
-    """Index ``tokens`` into ``tmp``, write the manifest, publish ``tmp`` as ``out``; returns the manifest."""
+def finish_store(tmp: Path, out: Path, tokens: np.ndarray, header: dict, params: IndexParams, extra: dict,
+                 sections: dict | None = None) -> dict:
+    """Index ``tokens`` into ``tmp``, write the manifest (``store_manifest``), publish ``tmp`` as ``out``;
+    returns the manifest."""
     index_stats = write_index(tmp, tokens, header["vocab_size"], separator_id(tokens.dtype), params)
-    manifest = store_manifest(tmp, tokens, header, params, index_stats, extra)
+    manifest = store_manifest(tmp, tokens, header, params, index_stats, extra, sections)
     publish(tmp, out)
     return manifest
 
@@ -96,8 +103,8 @@ def build(
                   "documents": corpus.documents}
         if progress:
             print(f"indexing {tokens.size} tokens", file=sys.stderr)
-        return _finish(tmp, Path(out), tokens, header, params, {"tokenize_seconds": round(tokenize_seconds, 3),
-                                                                       "engine": "local"})
+        extra = {"tokenize_seconds": round(tokenize_seconds, 3), "engine": "local"}
+        return finish_store(tmp, Path(out), tokens, header, params, extra)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -120,6 +127,6 @@ def merge(first: Path, second: Path, out: Path, *, params: IndexParams | None = 
     del a, b
     tmp = temp_dir_next_to(out)
     try:
-        return _finish(tmp, Path(out), tokens, header, params, {"merged_from": 2})
+        return finish_store(tmp, Path(out), tokens, header, params, {"merged_from": 2})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

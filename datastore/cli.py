@@ -1,7 +1,7 @@
 """The ``retrieval-draft`` console script: the runtime's ``generate`` plus the builder's commands.
 
     retrieval-draft generate --prompt "..." [--chat] [--max-new-tokens N] [--compare]
-    retrieval-draft build / inspect / merge / stats   (datastores; see ``commands``)
+    retrieval-draft build / repo / inspect / merge / stats   (datastores; see ``commands``)
 
 It lives with the builder because it joins both packages, and imports run one
 way: from here into the runtime. Errors we raise on purpose print as one line
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="retrieval-draft", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_generate(sub)
-    register(sub)  # build, inspect, merge, stats
+    register(sub)  # build, repo, inspect, merge, stats
     return parser
 
 

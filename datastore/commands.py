@@ -1,4 +1,4 @@
-"""CLI subcommands ``build``, ``inspect``, ``merge``, ``stats`` for ``retrieval-draft``.
+"""CLI subcommands ``build``, ``repo``, ``inspect``, ``merge``, ``stats`` for ``retrieval-draft``.
 
 ``register(subparsers)`` adds them; each sets ``func`` to a function taking
 the parsed arguments and returning an exit code. Errors are raised as
@@ -53,6 +53,7 @@ def register(subparsers) -> None:
     b.add_argument("--address", help="with --engine ray: the Ray cluster to join (default: start a local one)")
     b.add_argument("--workers", type=int, help="with --engine ray: tokenising actors (default: the cluster's CPUs)")
     b.set_defaults(func=cmd_build)
+    _register_repo(subparsers)
     i = subparsers.add_parser("inspect", help="describe a datastore and show continuations of a query")
     i.add_argument("path", type=Path)
     i.add_argument("--query", help="text whose continuations to show (needs the tokenizer)")
@@ -66,6 +67,29 @@ def register(subparsers) -> None:
     m.add_argument("second", type=Path)
     m.add_argument("--out", required=True, type=Path)
     m.set_defaults(func=cmd_merge)
+
+
+def _register_repo(subparsers) -> None:
+    """Add ``repo``: build or update a store that follows a source tree."""
+    r = subparsers.add_parser("repo", help="build or update a datastore that follows a source tree (git-aware)")
+    r.add_argument("src", type=Path, help="source tree; inside a git work tree, the files git lists")
+    r.add_argument("--out", required=True, type=Path, help="repo store to build or update")
+    _add_tokenizer_args(r)
+    r.add_argument("--glob", action="append", help="file name pattern (repeatable; default: common source formats)")
+    r.add_argument("--exclude", action="append",
+                   help="skip paths with a component matching this pattern (repeatable)")
+    r.set_defaults(func=cmd_repo)
+
+
+def cmd_repo(args) -> int:
+    """``repo``: re-tokenise the changed files of ``src`` and re-index ``--out``; prints one line."""
+    from retrieval_draft_datastore.repo_files import SOURCE_GLOBS, check_source_root
+    from retrieval_draft_datastore.repo_store import check_target, update_repo_store
+
+    check_target(args.out.resolve(), check_source_root(args.src))  # refuse before loading the tokenizer
+    options = SourceOptions(globs=tuple(args.glob or SOURCE_GLOBS), excludes=tuple(args.exclude or ()))
+    print(update_repo_store(args.src, args.out, _tokenizer(args), options=options).line())
+    return 0
 
 
 def _tokenizer(args):

@@ -68,6 +68,21 @@ def encode_batch(tokenizer, batch: list[str], sep: int, vocab_size: int) -> np.n
     return flat
 
 
+def encode_texts(tokenizer, texts: list[str], vocab_size: int) -> list[np.ndarray]:
+    """Ids of each text without special tokens and without separators; a list of (n_i,) int64 arrays
+    (empty for a text with no tokens), in the order of ``texts``.
+
+    Raises TokenIdOutOfRangeError when the tokenizer emits an id >= vocab_size.
+    """
+    encoded = [np.asarray(ids, dtype=np.int64) for ids in _encode_ids(tokenizer, texts)] if texts else []
+    for ids in encoded:
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+            raise TokenIdOutOfRangeError(
+                f"tokenizer produced id {int(ids.max())} outside vocabulary of size {vocab_size}"
+            )
+    return encoded
+
+
 def encode_corpus(
     docs: Iterable[str],
     tokenizer,

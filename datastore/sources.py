@@ -88,7 +88,7 @@ def plan_files(sources: list[str], options: SourceOptions) -> list[SourceFile]:
     return files
 
 
-def _selected(parts: tuple[str, ...], options: SourceOptions) -> bool:
+def path_selected(parts: tuple[str, ...], options: SourceOptions) -> bool:
     """Whether a file at relative path ``parts`` (below a directory source) is read."""
     if any(fnmatch.fnmatch(part, pattern) for part in parts for pattern in options.excludes):
         return False
@@ -98,7 +98,7 @@ def _selected(parts: tuple[str, ...], options: SourceOptions) -> bool:
 def _walk(root: Path, options: SourceOptions) -> Iterator[Path]:
     """Selected files under ``root``, sorted by path."""
     for file in sorted(p for p in root.rglob("*") if p.is_file()):
-        if _selected(file.relative_to(root).parts, options):
+        if path_selected(file.relative_to(root).parts, options):
             yield file
 
 
@@ -132,7 +132,7 @@ def _plan_url(url: str, options: SourceOptions) -> list[SourceFile]:
     found = []
     for entry in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
         parts = tuple(p for p in entry.path[len(root) :].split("/") if p)
-        if entry.type == pafs.FileType.File and _selected(parts, options):
+        if entry.type == pafs.FileType.File and path_selected(parts, options):
             found.append(SourceFile("/".join((base, *parts)), True, int(entry.size or 0)))
     return sorted(found, key=lambda f: f.location)
 
