@@ -1,4 +1,4 @@
-"""The causal-LM architectures of the installed transformers, sorted, and tiny random models of them.
+"""The causal-LM architectures of the installed transformers, and tiny random models of them.
 
 ``causal_lm_architectures()`` lists every entry of transformers'
 ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` as (model_type, class name): nothing is
@@ -21,10 +21,12 @@ causal LM, read from facts about the config class and the model class:
 
 ``tiny_model(model_type)`` builds a randomly initialised model of the
 architecture from its config class with every size field shrunk (the field
-names vary: ``n_embd``, ``d_model``, ``n_layer``, ...; see ``model_sizes``),
-its sliding window or attention chunk made small, and returns it with a word
-on the kind of window found. A config that cannot be built raises
-``ZooBuildError`` with the reason.
+names vary: ``n_embd``, ``d_model``, ``n_layer``, ...; see ``tests/zoo_sizes.py``),
+its sliding window or attention chunk made small and switched on, and returns
+it with a word on the kind of window found. ``CONFIG_FIXES`` lists, with
+reasons, the few architectures whose default config cannot give a faithful
+tiny model as it stands. A model that cannot be built raises ``ZooBuildError``
+with the reason.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import transformers
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from tests.zoo_sizes import tiny_kwargs
+from tests.zoo_sizes import declared_default, tiny_kwargs
 
 # Special token ids of every tiny model; random prompts draw ids from [FIRST_PROMPT_ID, vocab).
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -56,7 +58,8 @@ LEFTOVERS = {
     "ignores input_ids",
 }
 
-# Default configs that cannot build a model as they stand: (config keyword arguments, why).
+# Architectures whose default config builds no model, or one without the layer kinds their
+# checkpoints have (hybrids whose default is all attention or all Mamba): (config keyword arguments, why).
 _ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 CONFIG_FIXES = {
     "cohere_compass_text": (
@@ -115,18 +118,6 @@ def config_class(model_type: str):
     return CONFIG_MAPPING[model_type]
 
 
-def _field_default(config_cls, name: str):
-    """The declared default of dataclass field ``name`` (``dataclasses.MISSING`` when absent)."""
-    for field in dataclasses.fields(config_cls):
-        if field.name == name:
-            if field.default is not dataclasses.MISSING:
-                return field.default
-            if field.default_factory is not dataclasses.MISSING:
-                return field.default_factory()
-            return None
-    return dataclasses.MISSING
-
-
 def _modality_sub_configs(config_cls) -> list[str]:
     """Names of the config's sub-configs for a modality other than text."""
     names = getattr(config_cls, "sub_configs", None) or {}
@@ -147,9 +138,10 @@ def set_aside_reason(model_type: str, class_name: str) -> str | None:
     Applies rules 1-5 of the module docstring in order.
     """
     cls = config_class(model_type)
-    if _field_default(cls, "is_encoder_decoder") is True:
+    if declared_default(cls, "is_encoder_decoder") is True:
         return "decoder of an encoder-decoder model (config is_encoder_decoder=True)"
-    if _field_default(cls, "is_decoder") is False and _field_default(cls, "add_cross_attention") is not dataclasses.MISSING:
+    encoder_flags = declared_default(cls, "is_decoder"), declared_default(cls, "add_cross_attention")
+    if encoder_flags[0] is False and encoder_flags[1] is not dataclasses.MISSING:
         return "bidirectional encoder with an LM head (config is_decoder=False, add_cross_attention)"
     if class_name.endswith("ForConditionalGeneration"):
         return f"multimodal: {class_name} conditions on non-text inputs"

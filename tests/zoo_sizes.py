@@ -3,7 +3,9 @@
 Config classes name the same size differently (``hidden_size``, ``n_embd``,
 ``d_model``; ``num_hidden_layers``, ``n_layer``, ``num_layers``, ...).
 ``TINY_SIZES`` maps every spelling found in transformers 5.23's causal-LM
-configs to one tiny value; ``model_sizes`` keeps the names a config declares.
+configs to one tiny value; ``model_sizes`` keeps the names a config declares,
+never raising a smaller declared default and keeping equalities the class
+declares (``EQUAL_PAIRS``). Sub-configs are shrunk the same way (``tiny_kwargs``).
 Per-layer lists (``layer_types``, ``mlp_layer_types``, ...) are cut to the
 tiny depth keeping every kind they hold (``shrink_layer_lists``);
 ``apply_window`` makes sliding windows and attention chunks small and on.
@@ -84,6 +86,17 @@ def _declared(config_cls) -> set[str]:
     return {field.name for field in dataclasses.fields(config_cls)}
 
 
+def declared_default(config_cls, name: str):
+    """The default written in the class for field ``name``, before ``__post_init__`` derives anything
+    (``dataclasses.MISSING`` when the class declares no such field, None when it has no default)."""
+    for field in dataclasses.fields(config_cls):
+        if field.name == name:
+            if field.default is not dataclasses.MISSING:
+                return field.default
+            return None if field.default_factory is dataclasses.MISSING else field.default_factory()
+    return dataclasses.MISSING
+
+
 def _read(config, name: str):
     """``config.name``; ``_UNREADABLE`` where the config refuses a global read (per-layer attributes)."""
     try:
@@ -118,15 +131,9 @@ def tiny_depth(config_cls, defaults) -> int:
     return 4 if mixed else 2
 
 
-def _declared_default(config_cls, name: str):
-    """The default written in the class for field ``name`` (before ``__post_init__`` derives anything)."""
-    field = next(field for field in dataclasses.fields(config_cls) if field.name == name)
-    return None if field.default is dataclasses.MISSING else field.default
-
-
 def _tiny(config_cls, name: str, tiny: int):
     """``tiny``, but never more than a smaller declared integer default (some configs require small values)."""
-    default = _declared_default(config_cls, name)
+    default = declared_default(config_cls, name)
     if isinstance(default, int) and not isinstance(default, bool) and 0 < default < tiny:
         return default
     return tiny
@@ -141,8 +148,8 @@ def model_sizes(config_cls, defaults) -> dict:
             sizes[name] = _tiny(config_cls, name, tiny)
     for field, other in EQUAL_PAIRS:
         if field in sizes and other in sizes:
-            default = _declared_default(config_cls, field)
-            if isinstance(default, int) and default == _declared_default(config_cls, other):
+            default = declared_default(config_cls, field)
+            if isinstance(default, int) and default == declared_default(config_cls, other):
                 sizes[field] = sizes[other]
     depth = tiny_depth(config_cls, defaults)
     sizes.update({name: depth for name in DEPTH_FIELDS if name in declared})

@@ -4,8 +4,10 @@
 
 Enumerates transformers' causal-LM auto mapping (``tests/model_zoo.py``), runs
 ``tests/zoo_check.check`` on each entry, and prints a markdown table:
-architecture, class, window kind, result, accepted tokens per step. With
-``--out`` the table goes to FILE.md and the outcomes to FILE.json beside it.
+architecture, class, window kind, result, accepted tokens per step, and the
+largest gap between the plugin's and plain generate's logits (relative,
+``zoo_check.logit_gap``). With ``--out`` the table goes to FILE.md and the
+outcomes to FILE.json beside it.
 ``--prompts N`` runs N prompt blocks on every model (not only until drafts are
 accepted, as the test does): a deeper sweep for outputs that differ.
 """
@@ -41,13 +43,14 @@ def _cell(text: str) -> str:
 def markdown_table(outcomes: list[Outcome]) -> str:
     """The coverage table, one row per architecture, then the counts per result."""
     lines = [
-        "| architecture | class | window | result | accepted tokens/step |",
-        "|---|---|---|---|---|",
+        "| architecture | class | window | result | accepted tokens/step | logit gap |",
+        "|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         per_step = f"{o.tokens_per_step:.2f}" if o.tokens_per_step else ""
+        gap = f"{o.logit_gap:.0e}" if o.logit_gap else ""
         lines.append(
-            f"| {o.model_type} | {o.class_name} | {o.window or ''} | {_cell(result_text(o))} | {per_step} |"
+            f"| {o.model_type} | {o.class_name} | {o.window} | {_cell(result_text(o))} | {per_step} | {gap} |"
         )
     lines += ["", "Counts: " + ", ".join(f"{name} {n}" for name, n in summary(outcomes).items())]
     return "\n".join(lines) + "\n"
@@ -74,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         for model_type, class_name in causal_lm_architectures():
             if wanted is None or model_type in wanted:
                 outcomes.append(check(model_type, class_name, **sweep))
-                print(f"{model_type}: {result_text(outcomes[-1])} ({outcomes[-1].seconds}s)", file=sys.stderr, flush=True)
+                done = outcomes[-1]
+                print(f"{model_type}: {result_text(done)} ({done.seconds}s)", file=sys.stderr, flush=True)
     table = markdown_table(outcomes)
     print(table)
     if args.out:
