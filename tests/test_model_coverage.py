@@ -3,7 +3,7 @@
 
 Architectures come from transformers' auto mapping (``tests/model_zoo.py``), not from a list here;
 each is checked on a tiny random model with its window switched on (``tests/zoo_check.py``).
-About 3 minutes on one thread: deselect with ``-m "not model_zoo"``.
+About a minute on one thread (2-core CPU): deselect with ``-m "not model_zoo"``.
 """
 
 import pytest
