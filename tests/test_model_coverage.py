@@ -1,5 +1,6 @@
 """Every decoder-only causal LM of the installed transformers: the plugin's greedy output equals plain
-``generate`` with drafts accepted, or the plugin refuses the model with a stated reason (issue 23).
+``generate`` (tokens, and logits within ``zoo_check.LOGIT_TOLERANCE``) with drafts accepted, or the
+plugin refuses the model with a stated reason (issue 23).
 
 Architectures come from transformers' auto mapping (``tests/model_zoo.py``), not from a list here;
 each is checked on a tiny random model with its window switched on (``tests/zoo_check.py``).
@@ -7,6 +8,7 @@ About a minute on one thread (2-core CPU): deselect with ``-m "not model_zoo"``.
 """
 
 import pytest
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from tests.model_zoo import (
     CONFIG_FIXES,
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.model_zoo
 def _numba_on_one_thread():
     with one_numba_thread():
         yield
+
 
 # model_type -> a substring of the plugin's UnsupportedModelError message. Recurrent caches
 # (state-space, linear-attention, convolution states) cannot be cut back to the accepted tokens.
@@ -88,10 +91,12 @@ def test_plugin_output_equals_greedy_with_drafts_accepted_or_is_refused_for_a_st
 
 
 def test_every_architecture_is_checked_or_set_aside_with_a_reason():
-    architectures = causal_lm_architectures()
-    aside = {model_type: set_aside_reason(model_type, name) for model_type, name in architectures}
-    assert all(reason is None or len(reason) >= 20 for reason in aside.values())
-    assert sorted(CHECKED) == sorted((mt, name) for mt, name in architectures if aside[mt] is None)
+    assert dict(causal_lm_architectures()) == dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    checked = dict(CHECKED)
+    for model_type, class_name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
+        reason = set_aside_reason(model_type, class_name)
+        assert (model_type in checked) == (reason is None), model_type
+        assert reason is None or len(reason) >= 20, (model_type, reason)
 
 
 def test_the_expectation_lists_name_only_architectures_that_are_checked():
