@@ -23,7 +23,7 @@ TINY_SIZES = {
     "hidden_size": HIDDEN, "n_embd": HIDDEN, "d_model": HIDDEN, "dim": HIDDEN, "embedding_size": HIDDEN,
     # attention heads
     "num_attention_heads": HEADS, "n_head": HEADS, "num_heads": HEADS, "n_heads": HEADS,
-    "decoder_attention_heads": HEADS, "swa_num_attention_heads": HEADS,
+    "decoder_attention_heads": HEADS, "swa_num_attention_heads": HEADS, "num_attention_heads_per_layer": HEADS,
     "num_key_value_heads": KV_HEADS, "num_kv_heads": KV_HEADS, "n_kv_heads": KV_HEADS,
     "swa_num_key_value_heads": KV_HEADS,
     "head_dim": HEAD_DIM, "kv_channels": HEAD_DIM, "swa_head_dim": HEAD_DIM, "dim_head": HEAD_DIM, "rotary_dim": 8,
@@ -71,6 +71,7 @@ SET_WHEN_NONE = ("head_dim", "num_key_value_heads", "n_routed_experts", "num_exp
 
 WINDOW_FIELDS = (
     "sliding_window", "sliding_window_size", "local_attention_window_len", "window_size", "attention_window_size",
+    "keep_window_size",  # Doge: keys beyond it are picked per query by a learnt top-k
     "attention_chunk_size",
 )
 
