@@ -150,7 +150,7 @@ def set_aside_reason(model_type: str, class_name: str) -> str | None:
         twin = _text_only_twin(model_type, class_name)
         if twin is not None:
             return f"multimodal config; its text model {class_name} is checked as {twin!r}"
-        return f"multimodal: needs {', '.join(modalities)} inputs"
+        return f"multimodal: its config carries {', '.join(modalities)} (inputs other than text)"
     return LEFTOVERS.get(model_type)
 
 
