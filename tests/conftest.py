@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -19,6 +20,9 @@ TINY_VOCAB = 320
 # Tiny models run fastest on one thread (thread start-up dominates their
 # matmuls); tests on the real model raise this in their own fixture.
 torch.set_num_threads(1)
+# Numba's parallel kernels (the skinny matmul) would otherwise keep a worker spinning beside
+# torch's one thread, slowing every later forward of the tiny models several-fold.
+numba.set_num_threads(1)
 
 # Measured cost curves go to a cache of this test run's own, never the user's.
 os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="retrieval-draft-test-cache-")

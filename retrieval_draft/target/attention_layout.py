@@ -163,6 +163,8 @@ def _chain_reason(config, params, unknown: list[str]) -> str | None:
         return "ALiBi position biases"
     if unknown:
         return f"layer kinds {unknown} have no tree mask"
+    if "local" in (getattr(config, "attention_layers", None) or ()):
+        return "its local layers mask their window by row index inside the layer (GPT-Neo)"
     impl = getattr(config, "_attn_implementation", None)
     if impl not in _MASKABLE_ATTENTION:
         return f"attention implementation {impl!r} takes no 4D mask (load with attn_implementation='sdpa' for trees)"
