@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from retrieval_draft.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from retrieval_draft.tree import DraftTree
 
 FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
 TREE, CHAIN = "tree", "chain"
@@ -77,6 +81,14 @@ class AttentionLayout:
     chain_reason: str | None
     takes_positions: bool
     own_cache_kinds: tuple[str, ...] = ()
+
+    def verifiable(self, tree: "DraftTree") -> "DraftTree":
+        """``tree`` as this model can score it: itself, or its best chain in chain mode."""
+        return tree.best_chain() if self.mode == CHAIN else tree
+
+    def position_kwargs(self, positions: torch.Tensor) -> dict:
+        """``position_ids=positions`` for models whose forward takes them (else nothing)."""
+        return {"position_ids": positions} if self.takes_positions else {}
 
     @property
     def windowed(self) -> bool:

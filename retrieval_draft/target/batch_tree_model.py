@@ -82,7 +82,7 @@ class BatchTreeModel:
         out = self.model(
             input_ids=input_ids.to(self.device),
             attention_mask=mask.to(self.device),
-            **self._positions(positions.to(self.device)),
+            **self.layout.position_kwargs(positions.to(self.device)),
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1,
@@ -95,8 +95,8 @@ class BatchTreeModel:
         return out.logits[:, -1].float()
 
     def verifiable(self, tree: DraftTree) -> DraftTree:
-        """``tree`` as this model can score it: itself, or its best chain in chain mode."""
-        return tree.best_chain() if self.layout.mode == CHAIN else tree
+        """``tree`` as this model can score it (``AttentionLayout.verifiable``)."""
+        return self.layout.verifiable(tree)
 
     @torch.no_grad()
     def score_trees(self, trees: list[DraftTree]) -> torch.Tensor:
@@ -118,7 +118,7 @@ class BatchTreeModel:
         with tree_attention(grouped), skinny_linears(skinny):
             out = self.model(
                 input_ids=tokens_t,
-                **self._positions(positions_t),
+                **self.layout.position_kwargs(positions_t),
                 attention_mask=mask,
                 past_key_values=self.cache,
                 use_cache=True,
@@ -198,10 +198,6 @@ class BatchTreeModel:
             depths[row, :n] = tree.depths
             among[row, :n, :n] = tree.ancestor_mask()
         return tokens, depths, among
-
-    def _positions(self, positions: torch.Tensor) -> dict:
-        """``position_ids=positions`` for models whose forward takes them (else nothing)."""
-        return {"position_ids": positions} if self.layout.takes_positions else {}
 
     def _inputs(self, tokens: np.ndarray, positions: np.ndarray, among: np.ndarray):
         """Token ids (B, W), position ids (B, W) and the mask, on the model's device in ONE host

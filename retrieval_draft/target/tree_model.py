@@ -59,7 +59,7 @@ class TreeModel:
         length = input_ids.shape[1]
         out = self.model(
             input_ids=input_ids.to(self.device),
-            **self._positions(torch.arange(length, device=self.device).unsqueeze(0)),
+            **self.layout.position_kwargs(torch.arange(length, device=self.device).unsqueeze(0)),
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1,
@@ -68,8 +68,8 @@ class TreeModel:
         return out.logits[0, -1].float()
 
     def verifiable(self, tree: DraftTree) -> DraftTree:
-        """``tree`` as this model can score it: itself, or its best chain in chain mode."""
-        return tree.best_chain() if self.layout.mode == CHAIN else tree
+        """``tree`` as this model can score it (``AttentionLayout.verifiable``)."""
+        return self.layout.verifiable(tree)
 
     @torch.no_grad()
     def score_tree(self, tree: DraftTree) -> torch.Tensor:
@@ -90,16 +90,12 @@ class TreeModel:
         with tree_attention(grouped), skinny_linears(skinny):
             out = self.model(
                 input_ids=tokens[None],
-                **self._positions(positions[None]),
+                **self.layout.position_kwargs(positions[None]),
                 attention_mask=mask,
                 past_key_values=self.cache,
                 use_cache=True,
             )
         return out.logits[0].float()
-
-    def _positions(self, positions: torch.Tensor) -> dict:
-        """``position_ids=positions`` for models whose forward takes them (else nothing)."""
-        return {"position_ids": positions} if self.layout.takes_positions else {}
 
     def tree_inputs(self, tree: DraftTree, masked: bool = True):
         """The forward's inputs for ``tree`` (n nodes), on the model's device in ONE host copy:
