@@ -20,8 +20,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from retrieval_draft.config import DEFAULTS, DraftConfig
-from retrieval_draft.decode.batch_engine import BatchStats, RowSinks, batch_decode
-from retrieval_draft.decode.engine import DecodeOptions, DecodeStats, StopCheck, speculative_decode
+from retrieval_draft.decode.engine import DecodeOptions, DecodeStats, RowSinks, StopCheck, speculative_decode
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
@@ -31,7 +30,6 @@ from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.hf_options import ScoreRecorder, build_output, check_options, padded_sequences, score_recorder
 from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
-from retrieval_draft.target.batch_tree_model import BatchTreeModel
 from retrieval_draft.target.generate_kwargs import eos_token_ids, pad_token_id, receives_generate_kwargs
 from retrieval_draft.target.row_processors import row_processors
 from retrieval_draft.target.tree_model import TreeModel, context_limit, validate_inputs
@@ -182,33 +180,12 @@ class DecodeInputs:
 
 
 def _decode(model, inputs: DecodeInputs, planner: TreePlanner) -> tuple[list[np.ndarray], DecodeStats]:
-    """Every row's new tokens (B arrays of shape (m_i,)) and the call's statistics.
-
-    One unpadded row runs ``speculative_decode`` on a ``TreeModel``, anything else
-    ``batch_decode`` on a ``BatchTreeModel`` (the two loops are one in issue 24's next step).
-    """
+    """Every row's new tokens (B arrays of shape (m_i,)) and the call's statistics."""
     measured = planner.cost.skinny_sizes if planner.cost is not None else None
-    if inputs.input_ids.shape[0] == 1 and bool(inputs.attention_mask.all()):
-        sinks = inputs.sinks[0]
-        new, stats = speculative_decode(
-            TreeModel(model, skinny_sizes=measured), inputs.input_ids, inputs.drafters[0], inputs.options,
-            processor=inputs.processor, generator=inputs.generator, on_tokens=sinks.on_tokens,
-            should_stop=inputs.should_stop, planner=planner, on_logits=sinks.on_logits,
-        )
-        return [new], stats
-    outputs, batch_stats = batch_decode(
-        BatchTreeModel(model, skinny_sizes=measured), inputs.input_ids.cpu(), inputs.attention_mask.cpu(),
-        inputs.drafters, inputs.options, planner, processor=inputs.processor, generator=inputs.generator,
-        should_stop=inputs.should_stop, sinks=inputs.sinks,
-    )
-    return outputs, _single_row_stats(batch_stats)
-
-
-def _single_row_stats(batch: BatchStats) -> DecodeStats:
-    """A batch's statistics in ``DecodeStats``'s fields (a step = one row verified once)."""
-    return DecodeStats(
-        steps=batch.row_steps, new_tokens=batch.new_tokens, step_tokens=batch.step_tokens,
-        tree_nodes=batch.tree_slots, prefill_s=batch.prefill_s, draft_s=batch.draft_s, verify_s=batch.verify_s,
+    return speculative_decode(
+        TreeModel(model, skinny_sizes=measured), inputs.input_ids.cpu(), inputs.drafters, inputs.options,
+        attention_mask=inputs.attention_mask, planner=planner, processor=inputs.processor,
+        generator=inputs.generator, should_stop=inputs.should_stop, sinks=inputs.sinks,
     )
 
 

@@ -17,14 +17,12 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen2Config, Qwen2
 from transformers.generation import GenerateDecoderOnlyOutput
 
 import retrieval_draft
-from retrieval_draft.decode.batch_engine import batch_decode
-from retrieval_draft.decode.engine import DecodeOptions
+from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
 from retrieval_draft.tree import DraftTree
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.planning.planner import TreePlanner
-from retrieval_draft.target.batch_tree_model import BatchTreeModel
 from retrieval_draft.target.tree_model import TreeModel
 from tests.conftest import TINY_VOCAB, RandomDrafter, make_tiny_llama, random_prompt
 
@@ -176,20 +174,20 @@ def test_batch_scores_equal_separate_single_row_scores(tiny_llama):
     logits a single-row tree forward gives it, before and after rows keep different paths."""
     prompts = [random_prompt(20, length=14)[0], random_prompt(21, length=6)[0]]
     ids, mask = left_padded(prompts)
-    batch = BatchTreeModel(tiny_llama)
+    batch = TreeModel(tiny_llama)
     singles = [TreeModel(tiny_llama) for _ in prompts]
     first = batch.prefill(ids, mask)
     for row, single in enumerate(singles):
-        assert torch.allclose(first[row], single.prefill(prompts[row][None]), atol=1e-4)
+        assert torch.allclose(first[row], single.prefill(prompts[row][None])[0], atol=1e-4)
     wide = DraftTree(np.array([5, 6, 7, 8]), np.array([-1, 0, 0, 1]), np.array([0, 1, 1, 2]), np.ones(4))
     narrow = DraftTree(np.array([9, 10]), np.array([-1, 0]), np.array([0, 1]), np.ones(2))
     for kept in ([np.array([0, 2]), np.array([0])], [np.array([0, 1, 3]), np.array([0, 1])]):
         trees = [wide, narrow]
         scored = batch.score_trees(trees)
         for row, (single, tree) in enumerate(zip(singles, trees)):
-            alone = single.score_tree(tree)
+            alone = single.score_trees([tree])[0]
             assert torch.allclose(scored[row, : tree.size], alone, atol=1e-4)
-            single.keep(kept[row])
+            single.keep([kept[row]])
         batch.keep(kept)
 
 
@@ -199,10 +197,10 @@ def test_finished_rows_leave_the_forward(tiny_llama):
     eos = int(free[0, ids.shape[1] + 2])
     options = DecodeOptions(max_new_tokens=24, eos_ids=frozenset([eos]), max_draft_len=4)
     planner = TreePlanner(tree_budget=0)
-    outputs, stats = batch_decode(BatchTreeModel(tiny_llama), ids, mask, [[] for _ in range(4)], options, planner)
+    outputs, stats = speculative_decode(TreeModel(tiny_llama), ids, [[] for _ in range(4)], options, mask, planner)
     assert outputs[0].shape[0] <= 3 and outputs[0][-1] == eos
-    assert stats.row_steps < stats.steps * 4  # later steps ran without the finished row
-    assert stats.tree_slots == stats.row_steps  # plain batched decoding: one token per row
+    assert stats.steps < stats.forwards * 4  # later forwards ran without the finished row
+    assert stats.tree_slots == stats.steps  # plain batched decoding: one token per row
 
 
 def test_bad_batches_are_refused_before_model_work(tiny_llama):

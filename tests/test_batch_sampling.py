@@ -19,10 +19,9 @@ import torch
 
 import retrieval_draft
 import retrieval_draft.decode.readout as readout
-from retrieval_draft.decode.batch_engine import batch_decode
-from retrieval_draft.decode.engine import DecodeOptions
+from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
 from retrieval_draft.planning.planner import TreePlanner
-from retrieval_draft.target.batch_tree_model import BatchTreeModel
+from retrieval_draft.target.tree_model import TreeModel
 from tests.test_sampling_distribution import (
     ENGINE_HORIZON,
     ENGINE_PROMPT,
@@ -74,7 +73,9 @@ def batch_draws(model, runs: int, conditionals) -> list[np.ndarray]:
     out = [np.empty((runs, ENGINE_HORIZON), dtype=np.int64) for _ in PROMPTS]
     for i in range(runs):
         planner = TreePlanner(tree_budget=8)
-        outputs, _ = batch_decode(BatchTreeModel(model, skinny_sizes=frozenset()), ids, mask, drafters, options, planner, processor, generator)
+        outputs, _ = speculative_decode(
+            TreeModel(model, skinny_sizes=frozenset()), ids, drafters, options, mask, planner, processor, generator
+        )
         for row, output in enumerate(outputs):
             out[row][i] = output
     return out

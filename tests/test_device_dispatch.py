@@ -23,7 +23,6 @@ from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.planning import cost
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.planning.timing import CUDA_EVENTS, HOST_CLOCK, SYNCHRONIZED, ForwardTimer, timing_mode
-from retrieval_draft.target.batch_tree_model import BatchTreeModel
 from retrieval_draft.target.kv_cache import GrowingLayer
 from retrieval_draft.target.skinny_linear import eligible_linears
 from retrieval_draft.target.transfer import pack, to_device, unpack
@@ -69,15 +68,32 @@ def test_the_skinny_kernel_is_never_chosen_for_a_model_off_the_cpu(tiny_llama):
     meta = on_meta(tiny_llama)
     assert eligible_linears(meta) == []
     assert TreeModel(meta).skinny_sizes == frozenset() and TreeModel(meta)._skinny == []
-    assert BatchTreeModel(meta).skinny_sizes == frozenset()
+
+
+def after_prompt(tree_model: TreeModel, rows: int, length: int, gaps: bool = False) -> TreeModel:
+    """``tree_model`` in the state a prefill of ``rows`` unpadded prompts of ``length`` tokens leaves
+    (with ``gaps``: row 0 then hid its last two slots, as after a step another row won)."""
+    tree_model.visible = np.ones((rows, length), dtype=bool)
+    tree_model.slot_pos = np.tile(np.arange(length), (rows, 1))
+    tree_model.length, tree_model.ends, tree_model.next_pos = length, np.full(rows, length), np.full(rows, length)
+    if gaps:
+        tree_model.visible[0, -2:] = False
+        tree_model.ends[0] = tree_model.next_pos[0] = length - 2
+    return tree_model
+
+
+def inputs(tree_model: TreeModel, trees: list):
+    """``_inputs`` for ``trees`` as ``score_trees`` calls it."""
+    width = max(tree.size for tree in trees)
+    tokens, depths, among = tree_model._pack(trees, width)
+    return tree_model._inputs(tokens, tree_model.next_pos[:, None] + depths, among, bool(tree_model.visible.all()), False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tree_inputs_are_built_on_the_models_device_in_its_dtype(tiny_llama, dtype):
-    tree_model = TreeModel(on_meta(tiny_llama, dtype))
-    tree_model.past_len = 10
+    tree_model = after_prompt(TreeModel(on_meta(tiny_llama, dtype)), rows=1, length=10)
     with CountCopies() as counter:
-        tokens, positions, mask = tree_model.tree_inputs(branching_tree())
+        tokens, positions, mask = inputs(tree_model, [branching_tree()])
     assert counter.copies == 1  # one host -> device copy for ids, positions and the mask's tree part
     assert tokens.device == positions.device == mask.device == META
     assert tokens.dtype == positions.dtype == torch.int64 and mask.dtype == dtype
@@ -85,9 +101,8 @@ def test_tree_inputs_are_built_on_the_models_device_in_its_dtype(tiny_llama, dty
 
 
 def test_sliding_window_masks_are_built_on_the_models_device(tiny_llama):
-    tree_model = TreeModel(on_meta(tiny_gemma3(), torch.bfloat16))
-    tree_model.past_len = 10
-    _, _, masks = tree_model.tree_inputs(branching_tree())
+    tree_model = after_prompt(TreeModel(on_meta(tiny_gemma3(), torch.bfloat16)), rows=1, length=10)
+    _, _, masks = inputs(tree_model, [branching_tree()])
     assert set(masks) == {"full_attention", "sliding_attention"}
     assert all(m.device == META and m.dtype == torch.bfloat16 and m.shape == (1, 1, 5, 15) for m in masks.values())
 
@@ -97,7 +112,7 @@ def test_a_bfloat16_tree_mask_blocks_with_the_dtypes_lowest_value():
     tree_model = TreeModel(model)
     tree_model.prefill(random_prompt(0, length=5))
     tree = branching_tree()
-    _, _, mask = tree_model.tree_inputs(tree)
+    _, _, mask = inputs(tree_model, [tree])
     expected = np.concatenate([np.ones((tree.size, 5), dtype=bool), tree.ancestor_mask()], axis=1)
     lowest = torch.finfo(torch.bfloat16).min
     assert mask.dtype == torch.bfloat16
@@ -105,16 +120,14 @@ def test_a_bfloat16_tree_mask_blocks_with_the_dtypes_lowest_value():
     assert torch.all(mask[0, 0][~torch.from_numpy(expected)] == lowest)
 
 
-def test_batch_tree_inputs_are_built_on_the_models_device_in_its_dtype(tiny_llama):
-    batch = BatchTreeModel(on_meta(tiny_gemma3(), torch.bfloat16))
-    batch.visible, batch.slot_pos = np.ones((2, 7), dtype=bool), np.tile(np.arange(7), (2, 1))
-    batch.length, batch.ends, batch.next_pos = 7, np.full(2, 7), np.full(2, 7)
-    tokens, depths, among = batch._pack([branching_tree(), build_tree(3, [], 0)], 6)
+@pytest.mark.parametrize("gaps", [False, True])
+def test_batch_tree_inputs_are_built_on_the_models_device_in_its_dtype(tiny_llama, gaps):
+    batch = after_prompt(TreeModel(on_meta(tiny_gemma3(), torch.bfloat16)), rows=2, length=7, gaps=gaps)
     with CountCopies() as counter:
-        tokens_t, positions_t, masks = batch._inputs(tokens, batch.next_pos[:, None] + depths, among)
+        tokens_t, positions_t, masks = inputs(batch, [branching_tree(), build_tree(3, [], 0)])
     assert counter.copies == 1
     assert tokens_t.device == positions_t.device == META
-    assert all(m.device == META and m.dtype == torch.bfloat16 and m.shape == (2, 1, 6, 13) for m in masks.values())
+    assert all(m.device == META and m.dtype == torch.bfloat16 and m.shape == (2, 1, 5, 12) for m in masks.values())
 
 
 def test_several_host_arrays_reach_another_device_in_one_copy():
@@ -187,7 +200,7 @@ def test_decoding_and_cost_measurement_time_forwards_with_the_device_timer(tiny_
     monkeypatch.setattr(cost, "ForwardTimer", FixedTimer)
     planner = RecordingPlanner(tree_budget=8)
     options = DecodeOptions(max_new_tokens=12, eos_ids=frozenset())
-    speculative_decode(TreeModel(tiny_llama), random_prompt(1, repeat=2), [PromptLookupDrafter()], options, planner=planner)
+    speculative_decode(TreeModel(tiny_llama), random_prompt(1, repeat=2), [[PromptLookupDrafter()]], options, planner=planner)
     assert planner.seen and set(planner.seen) == {0.125}
     rng = np.random.default_rng(0)
     tree_model = TreeModel(tiny_llama)

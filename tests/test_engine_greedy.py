@@ -126,8 +126,8 @@ def test_eager_attention_gives_the_same_output():
 def test_engine_api_returns_new_tokens_and_stats(tiny_llama):
     prompt = random_prompt(304, repeat=2)
     expected = hf_greedy(tiny_llama, prompt, 16, eos=[])
-    tokens, stats = speculative_decode(
-        TreeModel(tiny_llama), prompt, [PromptLookupDrafter()], DecodeOptions(max_new_tokens=16)
+    (tokens,), stats = speculative_decode(
+        TreeModel(tiny_llama), prompt, [[PromptLookupDrafter()]], DecodeOptions(max_new_tokens=16)
     )
     assert tokens.tolist() == expected[0, prompt.shape[1] :].tolist()
     assert stats.new_tokens == 16

@@ -20,7 +20,6 @@ from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, 
 
 import retrieval_draft
 from retrieval_draft.decode import readout
-from retrieval_draft.decode.batch_engine import batch_decode
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
 from retrieval_draft.decode.readout import TreeJob, read_verdicts
 from retrieval_draft.tree import build_tree
@@ -29,7 +28,6 @@ from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.planning.planner import TreePlanner
-from retrieval_draft.target.batch_tree_model import BatchTreeModel
 from retrieval_draft.target.tree_model import TreeModel
 from tests.conftest import TINY_VOCAB, random_prompt
 
@@ -71,14 +69,6 @@ class MarkedTreeModel(TreeModel):
 
     reads: HostReads
 
-    def score_tree(self, tree):
-        self.reads.mark()
-        return super().score_tree(tree)
-
-
-class MarkedBatchTreeModel(BatchTreeModel):
-    reads: HostReads
-
     def score_trees(self, trees):
         self.reads.mark()
         return super().score_trees(trees)
@@ -94,7 +84,7 @@ def reads_per_step(tiny_llama, processor=None, do_sample=False) -> tuple[list[li
     try:
         with model.reads:
             _, stats = speculative_decode(
-                model, random_prompt(3, length=10, repeat=3), drafters, options, processor=processor,
+                model, random_prompt(3, length=10, repeat=3), [drafters], options, processor=processor,
                 generator=generator, planner=TreePlanner(tree_budget=16),
             )
     finally:
@@ -118,7 +108,7 @@ def test_the_device_path_reads_the_host_once_per_step_with_processors_and_sampli
 
 
 def test_a_batch_step_reads_the_host_once_for_all_rows(tiny_llama):
-    model = MarkedBatchTreeModel(tiny_llama)
+    model = MarkedTreeModel(tiny_llama)
     model.reads = HostReads(tiny_llama)
     prompts = [random_prompt(4, length=8, repeat=3)[0], random_prompt(5, length=10, repeat=2)[0]]
     ids = torch.zeros((2, 24), dtype=torch.long)
@@ -129,7 +119,7 @@ def test_a_batch_step_reads_the_host_once_for_all_rows(tiny_llama):
     planner = TreePlanner(tree_budget=8)
     try:
         with model.reads:
-            batch_decode(model, ids, mask, drafters, DecodeOptions(max_new_tokens=16, eos_ids=frozenset()), planner)
+            speculative_decode(model, ids, drafters, DecodeOptions(max_new_tokens=16, eos_ids=frozenset()), mask, planner)
     finally:
         model.reads.close()
     assert len(model.reads.steps) >= 3

@@ -62,10 +62,10 @@ def test_tree_steps_match_a_fresh_forward_over_the_kept_sequence():
         depths=np.array([0, 1, 1, 2, 3]),
         probs=np.ones(5),
     )
-    tree_model.score_tree(tree)
-    tree_model.keep(np.array([0, 2, 3]))  # root, then the second branch: tokens 7, 9, 10
+    tree_model.score_trees([tree])
+    tree_model.keep([np.array([0, 2, 3])])  # root, then the second branch: tokens 7, 9, 10
     step = DraftTree(tokens=np.array([12]), parents=np.array([-1]), depths=np.array([0]), probs=np.ones(1))
-    got = tree_model.score_tree(step)[0]
+    got = tree_model.score_trees([step])[0, 0]
     full = torch.cat([prompt, torch.tensor([[7, 9, 10, 12]])], dim=1)
     with torch.no_grad():
         want = model(full).logits[0, -1]

@@ -22,9 +22,9 @@ def prompt_lookup():
 def test_the_stand_in_model_makes_greedy_verification_follow_the_reference():
     model = ReplayModel(np.array([10, 11, 1, 5, 7, 8]))
     first = model.prefill(torch.tensor([[10, 11]]))
-    assert first.shape == (model.vocab_size,) and int(first.argmax()) == 1
+    assert first.shape == (1, model.vocab_size) and int(first[0].argmax()) == 1
     tree = merge_drafts(1, [Draft(np.array([2, 3]), np.full(2, 0.9)), Draft(np.array([5, 7, 9]), np.full(3, 0.5))])
-    logits = model.score_tree(tree)
+    logits = model.score_trees([tree])[0]
     assert logits.shape == (tree.size, model.vocab_size)
     verdict = verify_greedy(tree, logits)
     assert tree.tokens[verdict.accepted].tolist() == [5, 7] and verdict.bonus == 8
@@ -61,11 +61,11 @@ def test_replay_reproduces_an_output_whose_copies_go_wrong_on_the_way():
 
 def test_the_stand_in_verifies_every_tree_as_the_real_model_did(tiny_llama):
     prompt, options = random_prompt(2, repeat=3), DecodeOptions(max_new_tokens=40)  # many drafts rejected
-    real, expected = speculative_decode(
-        TreeModel(tiny_llama), prompt, prompt_lookup(), options, planner=TreePlanner(16)
+    (real,), expected = speculative_decode(
+        TreeModel(tiny_llama), prompt, [prompt_lookup()], options, planner=TreePlanner(16)
     )
     stand_in = ReplayModel(np.concatenate([prompt[0].numpy(), real]))
-    out, stats = speculative_decode(stand_in, prompt, prompt_lookup(), options, planner=TreePlanner(16))
+    (out,), stats = speculative_decode(stand_in, prompt, [prompt_lookup()], options, planner=TreePlanner(16))
     assert np.array_equal(out, real) and expected.tree_nodes > expected.step_tokens  # some drafts were rejected
     counts = lambda s: (s.steps, s.step_tokens, s.tree_nodes)  # noqa: E731
     assert counts(stats) == counts(expected)

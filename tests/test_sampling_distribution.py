@@ -299,7 +299,7 @@ def cases(model) -> dict[tuple[str, str], Case]:
             for tree in trees:
                 scorer = TreeModel(model)
                 scorer.prefill(prefix[None, :-1])
-                logits.append(scorer.score_tree(tree))
+                logits.append(scorer.score_trees([tree])[0])
             out[setting, kind] = Case(trees, logits, MemoProcessor(processor), prefix, conditionals, exact_joint(conditionals))
     return out
 
@@ -417,7 +417,9 @@ def engine_draws(model, runs: int, conditionals, menu: str = "knowing", steps: l
     out = np.empty((runs, ENGINE_HORIZON), dtype=np.int64)
     for i in range(runs):
         planner = TreePlanner(tree_budget=8)
-        out[i], stats = speculative_decode(TreeModel(model), prompt, drafters, options, processor, generator, planner=planner)
+        (out[i],), stats = speculative_decode(
+            TreeModel(model), prompt, [drafters], options, planner=planner, processor=processor, generator=generator
+        )
         if steps is not None:
             steps.append((stats.steps, stats.step_tokens))
     return out

@@ -68,7 +68,7 @@ def test_tree_forward_with_kernel_matches_plain_linear():
     plain = TreeModel(model)
     plain._skinny = []
     plain.prefill(prompt)
-    torch.testing.assert_close(fast.score_tree(tree), plain.score_tree(tree), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(fast.score_trees([tree]), plain.score_trees([tree]), rtol=1e-4, atol=1e-5)
 
 
 def test_kernel_sizes_follow_the_nearest_probe_below():

@@ -114,7 +114,7 @@ def run_batch(model, inputs, max_new_tokens: int, eos: set[int], repeats: int) -
         "identical_rows": same,
         "new_tokens": our_tokens // repeats,
         "mean_accepted_per_row_step": round(stats.mean_accepted, 3),
-        "mean_width": round(stats.tree_nodes / stats.steps, 2) if stats.steps else 0.0,
+        "mean_width": round(stats.tree_slots / stats.steps, 2) if stats.steps else 0.0,
     }
 
 

@@ -2,7 +2,7 @@
 
     python -m tools.forward_cost [--contexts 256,1500] [--sizes 1,2,4,8,16] [--json PATH]
 
-For each context length, times ``TreeModel.score_tree`` over a k-token chain
+For each context length, times ``TreeModel.score_trees`` over a k-token chain
 under four variants, interleaved round by round in one process:
 ``stock`` (HF's concatenating cache, HF's SDPA, MKL), ``+kv_cache`` (in-place
 cache), ``+attention`` (also grouped-query tree attention) and ``all`` (also

@@ -3,7 +3,7 @@
 Under greedy decoding the tokens the model will emit are known in advance
 (``python -m tools.fit_priors --refs`` saves them), so a decode can be replayed
 without a forward pass: ``ReplayModel`` offers what ``speculative_decode``
-needs from ``TreeModel`` (``prefill``, ``score_tree``, ``keep``) and answers
+needs from ``TreeModel`` for one row (``prefill``, ``score_trees``, ``keep``) and answers
 with one-hot logits read off the saved output. The engine, its drafters
 (chosen from the registry), the tree planner (which learns as it would
 live) and greedy verification are the real ones, so the replay reproduces
@@ -58,7 +58,7 @@ STEP_OVERHEAD_S = 0.0012  # drafting and bookkeeping per step, measured by the b
 class ReplayModel:
     """Stands in for ``TreeModel`` when the greedy output is known: no forward passes.
 
-    Row i of ``score_tree``'s logits puts its maximum on the reference token
+    It serves a batch of one row. Row i of a tree's logits puts its maximum on the reference token
     that follows node i when the path through node i is the reference so
     far; on any other path (and past the reference's end) on ``miss``, an id
     that never occurs in the reference. ``past_len`` counts the tokens
@@ -78,20 +78,22 @@ class ReplayModel:
         self.past_len = 0
         self.sizes: list[int] = []
 
-    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Take the prompt (shape (1, L), the reference's first L ids); logits after it, shape (V,)."""
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Take the prompt (shape (1, L), the reference's first L ids, unpadded); logits after it, shape (1, V)."""
         prompt = input_ids[0].cpu().numpy()
         if not np.array_equal(prompt, self.reference[: prompt.shape[0]]):
             raise ValueError("the prompt is not the start of the reference")
         self.past_len = int(prompt.shape[0])
-        return self._one_hot(np.array([self._next(self.past_len)]))[0]
+        return self._one_hot(np.array([self._next(self.past_len)]))
 
     def verifiable(self, tree: DraftTree) -> DraftTree:
         """``tree`` itself: the stand-in scores any tree shape."""
         return tree
 
-    def score_tree(self, tree: DraftTree) -> torch.Tensor:
-        """Logits of every node, shape (n, V), float32; the root is the reference token at ``past_len``."""
+    def score_trees(self, trees: list[DraftTree]) -> torch.Tensor:
+        """Logits of every node of the one row's tree, shape (1, n, V), float32; the root is the
+        reference token at ``past_len``."""
+        (tree,) = trees
         if self.past_len >= self.reference.shape[0] or tree.tokens[0] != self.reference[self.past_len]:
             raise ValueError("the tree's root is not the reference token after the cache")
         end = self.reference.shape[0]
@@ -103,11 +105,11 @@ class ReplayModel:
             on_path[node] = on_path[tree.parents[node]] and matches
         targets = np.array([self._next(int(p) + 1) if on else self.miss for p, on in zip(positions, on_path)])
         self.sizes.append(tree.size)
-        return self._one_hot(targets)
+        return self._one_hot(targets)[None]
 
-    def keep(self, nodes: np.ndarray) -> None:
-        """The accepted nodes (shape (m,), root first) join the "cache"."""
-        self.past_len += int(nodes.shape[0])
+    def keep(self, nodes: list[np.ndarray]) -> None:
+        """The one row's accepted nodes (shape (m,), root first) join the "cache"."""
+        self.past_len += int(nodes[0].shape[0])
 
     def _next(self, position: int) -> int:
         """The reference token at ``position``, or ``miss`` past its end."""
@@ -210,7 +212,7 @@ def replay(
     else:
         planner = TreePlanner(tree_budget, cost, observed=_UnobservedCost())
     options = DecodeOptions(max_new_tokens=int(out.shape[0]), max_draft_len=max_draft_len)
-    output, stats = speculative_decode(model, torch.from_numpy(prompt)[None], drafters, options, planner=planner)
+    (output,), stats = speculative_decode(model, torch.from_numpy(prompt)[None], [drafters], options, planner=planner)
     decode_s = float(sum(cost.seconds[size] for size in model.sizes)) + STEP_OVERHEAD_S * len(model.sizes)
     plain_s = max(int(output.shape[0]) - 1, 0) * float(cost.seconds[1])
     return ReplayResult(output, stats, decode_s, plain_s)

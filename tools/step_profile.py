@@ -46,11 +46,11 @@ class ProfiledTreeModel(TreeModel):
         self.profiler = profiler
         self.forward_s = 0.0
 
-    def score_tree(self, tree):
+    def score_trees(self, trees):
         started = time.perf_counter()
         self.profiler.enable()
         try:
-            return super().score_tree(tree)
+            return super().score_trees(trees)
         finally:
             self.profiler.disable()
             self.forward_s += time.perf_counter() - started
@@ -77,11 +77,11 @@ def profile_prompts(model, prompts: list[torch.Tensor], max_new_tokens: int) -> 
         tree_model = ProfiledTreeModel(model, profiler, skinny_sizes=planner.cost.skinny_sizes)
         options = DecodeOptions(max_new_tokens=max_new_tokens, eos_ids=frozenset(_eos_ids(model)))
         drafters = make_drafters(["prompt"], DraftSources())
-        _, stats = speculative_decode(tree_model, ids, drafters, options, planner=planner)
+        _, stats = speculative_decode(tree_model, ids, [drafters], options, planner=planner)
         steps += stats.steps
         nodes += stats.tree_nodes
         decode_s += stats.decode_s
-        forward_s += tree_model.forward_s  # prefill runs through prefill(), not score_tree()
+        forward_s += tree_model.forward_s  # prefill runs through prefill(), not score_trees()
     matmul, matmul_calls = own_time(profiler, MATMUL_CALLS)
     attention, _ = own_time(profiler, ATTENTION_CALLS)
     per_step = lambda seconds: round(1000 * seconds / max(steps, 1), 2)  # noqa: E731

@@ -1,10 +1,14 @@
-"""The decode loop: prefill, then draft / score / verify / keep until a stop.
+"""The decode loop over B rows: prefill, then draft / score / verify / keep until every row stops.
 
-The engine knows nothing about tokenization: it sees token id sequences
-only. Each step drafts a token tree rooted at the pending token (the last
-emitted one, whose KV row is not cached yet), scores it in one forward pass,
-accepts the longest path the model agrees with plus one bonus token, and
-keeps only the accepted KV rows.
+Knows token ids only. Prefill a left-padded batch (one prompt is a batch of
+one); then each step asks every unfinished row's drafters for drafts, plans
+one tree per row (``TreePlanner``: one width for all), scores all trees in ONE
+forward (``TreeModel``), verifies each row's tree against its own logits
+(greedy exact match or lossless speculative sampling; the logits processor
+sees that row's padded sequence as HF's batched ``generate`` shows it), keeps
+each row's accepted KV rows plus one bonus token, and drops rows that stopped
+from the batch, so a finished row costs no more compute. A tree is rooted at
+its row's pending token (the last emitted one, whose KV row is not cached yet).
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ import torch
 
 from retrieval_draft.config import DEFAULTS
 from retrieval_draft.decode.readout import TreeJob, verify_trees
-from retrieval_draft.tree import build_tree
 from retrieval_draft.decode.verify import LogitsProcessor, Verdict
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.planning.timing import ForwardTimer
+from retrieval_draft.target.row_processors import row_processors
 from retrieval_draft.target.tree_model import TreeModel
+from retrieval_draft.tree import DraftTree, build_tree
 
 
 @dataclass(frozen=True)
@@ -53,12 +58,16 @@ class DecodeOptions:
 
 @dataclass
 class DecodeStats:
-    """Per-call statistics; times in seconds."""
+    """Per-call statistics; times in seconds. A step is one row verified once: B rows
+    decoding together take B steps per forward."""
 
-    steps: int = 0
-    new_tokens: int = 0
-    step_tokens: int = 0
-    tree_nodes: int = 0
+    rows: int = 0
+    forwards: int = 0  # tree forwards (batch steps)
+    steps: int = 0  # rows verified, summed over forwards
+    new_tokens: int = 0  # every row's new tokens, the prefill's first token included
+    step_tokens: int = 0  # tokens emitted by tree steps (after the prefill's first token per row)
+    tree_nodes: int = 0  # real tree nodes verified, summed over steps
+    tree_slots: int = 0  # rows x width, summed over forwards: tokens the forwards processed
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -70,120 +79,242 @@ class DecodeStats:
 
     @property
     def mean_accepted(self) -> float:
-        """Tokens emitted per tree step, bonus token included (plain decoding: 1.0)."""
+        """Tokens emitted per step, bonus token included (plain decoding: 1.0)."""
         return self.step_tokens / self.steps if self.steps else 0.0
 
     def as_dict(self) -> dict:
         """Plain numbers for JSON and printing."""
         return {
+            "rows": self.rows,
+            "forwards": self.forwards,
             "steps": self.steps,
             "new_tokens": self.new_tokens,
             "mean_accepted": round(self.mean_accepted, 3),
             "mean_tree_nodes": round(self.tree_nodes / self.steps, 2) if self.steps else 0.0,
+            "mean_width": round(self.tree_slots / self.steps, 2) if self.steps else 0.0,
             "prefill_s": round(self.prefill_s, 4),
             "draft_s": round(self.draft_s, 4),
             "verify_s": round(self.verify_s, 4),
-            "decode_tokens_per_s": round(self.new_tokens / self.decode_s, 2) if self.decode_s else 0.0,
+            "decode_tokens_per_s": round(self.step_tokens / self.decode_s, 2) if self.decode_s else 0.0,
         }
 
 
 TokenSink = Callable[[np.ndarray], None]
 StopCheck = Callable[[np.ndarray], bool]
-# (raw logits of the k tokens just emitted, shape (k, V) float32; the sequence through them, shape (L + m,))
+# (raw logits of the k tokens just emitted, shape (k, V) float32; the row's padded sequence through them, shape (L + m,))
 LogitsSink = Callable[[torch.Tensor, np.ndarray], None]
+
+
+@dataclass(frozen=True)
+class RowSinks:
+    """Where one row's results go as they come (each optional).
+
+    Attributes:
+        on_tokens: the row's new tokens after each step, shape (k,) int64.
+        on_logits: the model's raw logits of those tokens, shape (k, V) float32, and the
+            row's padded sequence through them, shape (L + m,) (see ``engine.LogitsSink``).
+    """
+
+    on_tokens: TokenSink | None = None
+    on_logits: LogitsSink | None = None
+
+
+class _Row:
+    """One row's sequence: its padded prompt (``start`` pad slots first), then what it emitted."""
+
+    def __init__(self, prompt: np.ndarray, start: int, drafters: list[Drafter], max_new_tokens: int,
+                 processor: LogitsProcessor | None, sinks: RowSinks) -> None:
+        self.length = prompt.shape[0]
+        self.context = np.empty(self.length + max_new_tokens + 1, dtype=np.int64)
+        self.context[: self.length] = prompt
+        self.start = start
+        self.emitted = self.length
+        self.drafters = drafters
+        self.processor = processor  # this row's view (``target.row_processors``)
+        self.sinks = sinks
+        self.done = False
+        self.generator: torch.Generator | None = None  # sampling only
+
+    def padded(self) -> np.ndarray:
+        """(L + m,) the row as HF's batched ``generate`` holds it: left padding, prompt, output."""
+        return self.context[: self.emitted]
+
+    def real(self) -> np.ndarray:
+        """(n,) the row's real tokens (no padding): what drafters see."""
+        return self.context[self.start : self.emitted]
+
+    def output(self) -> np.ndarray:
+        return self.context[self.length : self.emitted].copy()
 
 
 def speculative_decode(
     model: TreeModel,
-    prompt: torch.Tensor,
-    drafters: Sequence[Drafter],
+    input_ids: torch.Tensor,
+    drafters: Sequence[Sequence[Drafter]],
     options: DecodeOptions,
+    attention_mask: torch.Tensor | None = None,
+    planner: TreePlanner | None = None,
     processor: LogitsProcessor | None = None,
     generator: torch.Generator | None = None,
-    on_tokens: TokenSink | None = None,
     should_stop: StopCheck | None = None,
-    planner: TreePlanner | None = None,
-    on_logits: LogitsSink | None = None,
-) -> tuple[np.ndarray, DecodeStats]:
-    """Generate up to ``options.max_new_tokens`` tokens after ``prompt`` (shape (1, L), int64).
+    sinks: Sequence[RowSinks] | None = None,
+) -> tuple[list[np.ndarray], DecodeStats]:
+    """Generate up to ``options.max_new_tokens`` tokens after each row of a left-padded batch.
 
-    ``should_stop`` sees the whole sequence (prompt + new, shape (L + m,))
-    after each new token and ends generation when it returns True, as HF
-    stopping criteria do. ``planner`` sizes each tree (default: a fixed
-    ``DEFAULTS.tree_budget`` nodes). ``on_logits`` receives, after each step,
-    the model's raw logits for the tokens emitted (row j: the distribution
-    token j was chosen from). Returns the new tokens, shape (m,), and statistics.
+    Args:
+        input_ids: (B, L) int64 prompts; one prompt is (1, L).
+        drafters: B lists of drafters, one per row (a drafter given to several rows
+            must not keep per-generation state; see ``drafters.row_view``).
+        attention_mask: (B, L), 1 on real tokens, left padding only (None: no padding).
+        planner: sizes each row's tree (default: a fixed ``DEFAULTS.tree_budget`` nodes).
+        processor: HF's logits processor for the whole batch; each row verifies with its own
+            view of it (``target.row_processors``), seeing its padded sequence as a batch of one.
+        generator: one row samples from it; several rows each from a stream seeded from it (each
+            emitted token consumes the same randomness whatever the trees look like, so a seed
+            fixes every row's output).
+        should_stop: sees a row's padded sequence (shape (L + m,)) after each new token and
+            ends that row when it returns True, as HF stopping criteria do.
+        sinks: B ``RowSinks``, one per row (default: none).
+
+    Returns:
+        B arrays of new tokens (shape (m_i,)), and statistics.
     """
-    stats = DecodeStats()
+    if len(drafters) != input_ids.shape[0]:
+        raise InvalidInputError(f"{len(drafters)} drafter lists for {input_ids.shape[0]} rows: pass one list per row")
     planner = planner if planner is not None else TreePlanner(tree_budget=DEFAULTS.tree_budget)
-    length = prompt.shape[1]
-    context = np.empty(length + options.max_new_tokens + 1, dtype=np.int64)
-    context[:length] = prompt[0].cpu().numpy()
-    for drafter in drafters:
-        drafter.begin(context[:length].copy())
-    planner.register(drafters)
-    observers = [d for d in drafters if d.observes_trees]
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    attention_mask = attention_mask.cpu()
+    stats = DecodeStats(rows=input_ids.shape[0])
+    starts = (attention_mask.shape[1] - attention_mask.sum(dim=1)).tolist()
+    prompts = input_ids.cpu().numpy()
+    count = len(starts)
+    processors = row_processors(processor, count)
+    sinks = list(sinks) if sinks is not None else [RowSinks()] * count
+    rows = [_Row(prompts[i], int(starts[i]), list(drafters[i]), options.max_new_tokens, processors[i], sinks[i])
+            for i in range(count)]
+    for row in rows:
+        for drafter in row.drafters:
+            drafter.begin(row.real().copy())
+        planner.register(row.drafters)
 
-    start = time.perf_counter()
-    root_logits = model.prefill(prompt)
-    lone_root = build_tree(int(context[length - 1]), [], 0)
-    verdict = _verify(lone_root, root_logits[None], context[:length], options, processor, generator, observers)
-    stats.prefill_s = time.perf_counter() - start
-    timer = ForwardTimer(root_logits.device)
+    for row in rows:  # each row draws from its own stream: tree sizes never shift randomness between rows
+        row.generator = generator if count == 1 else _row_generator(generator)
+    started = time.perf_counter()
+    logits = model.prefill(input_ids, attention_mask)
+    roots = [build_tree(int(row.context[row.emitted - 1]), [], 0) for row in rows]
+    verdicts = _verify(roots, [logits[i][None] for i in range(len(rows))], rows, options)
+    for i, (row, verdict) in enumerate(zip(rows, verdicts)):
+        _emit(row, np.array([verdict.bonus]), options, should_stop)
+        if row.sinks.on_logits is not None:
+            row.sinks.on_logits(logits[i][None], row.padded())
+    stats.prefill_s = time.perf_counter() - started
+    timer = ForwardTimer(logits.device)
+    active = _drop_finished(model, rows, list(range(len(rows))))
+    while active:
+        _step(model, [rows[i] for i in active], options, planner, should_stop, stats, timer)
+        active = _drop_finished(model, rows, active)
+    outputs = [row.output() for row in rows]
+    for row, output in zip(rows, outputs):
+        for drafter in row.drafters:
+            drafter.end(output)
+    stats.new_tokens = sum(output.shape[0] for output in outputs)
+    return outputs, stats
 
-    emitted = length
-    done, emitted = _emit(np.array([verdict.bonus]), context, emitted, length, options, should_stop, on_tokens, drafters)
-    if on_logits is not None:
-        on_logits(root_logits[None, :], context[:emitted])
-    while not done:
-        remaining = length + options.max_new_tokens - emitted
-        tick = time.perf_counter()
-        asked = _ask_drafters(drafters, context[:emitted], remaining, options, planner)
-        drafts = [(name, draft) for name, (proposed, _) in asked.items() for draft in proposed]
-        tree = model.verifiable(planner.plan([int(context[emitted - 1])], [drafts])[0])
-        tock = time.perf_counter()
-        timer.start()
-        logits = model.score_tree(tree)
-        timer.stop()
-        verdict = _verify(tree, logits, context[:emitted], options, processor, generator, observers)
-        planner.observe_forward(1, tree.size, timer.seconds())  # after the verdict's host read: no extra wait
-        model.keep(np.concatenate([[0], verdict.accepted]))
+
+def _step(model, rows: list[_Row], options, planner: TreePlanner, should_stop, stats, timer) -> None:
+    """One batch step over the unfinished ``rows`` (in the model's row order)."""
+    tick = time.perf_counter()
+    names = {drafter.name for row in rows for drafter in row.drafters}
+    allowed = {name for name in sorted(names) if planner.should_ask(name)}
+    asked = [_ask_drafters(row, allowed, options, planner.tree_budget) for row in rows]
+    drafts = [[(name, draft) for name, (proposed, _) in row_asked.items() for draft in proposed] for row_asked in asked]
+    roots = [int(row.context[row.emitted - 1]) for row in rows]
+    trees = [model.verifiable(tree) for tree in planner.plan(roots, drafts)]
+    tock = time.perf_counter()
+    timer.start()
+    logits = model.score_trees(trees)
+    timer.stop()
+    width = logits.shape[1]
+    row_logits = [logits[i, : tree.size] for i, tree in enumerate(trees)]
+    verdicts = _verify(trees, row_logits, rows, options)
+    planner.observe_forward(len(rows), len(rows) * width, timer.seconds())  # after the verdicts' host read: no extra wait
+    model.keep([np.concatenate([[0], verdict.accepted]) for verdict in verdicts])
+    truths = []
+    for tree, row, verdict, scored in zip(trees, rows, verdicts, row_logits):
         new = np.append(tree.tokens[verdict.accepted], verdict.bonus)
-        planner.observe([drafts], [new], tock - tick, [asked])
-        stats.draft_s += tock - tick
-        stats.verify_s += time.perf_counter() - tock
-        stats.steps += 1
-        stats.tree_nodes += tree.size
-        before = emitted
-        done, emitted = _emit(new, context, emitted, length, options, should_stop, on_tokens, drafters)
-        stats.step_tokens += emitted - before
-        if on_logits is not None:
-            on_logits(emitted_rows(logits, verdict, emitted - before), context[:emitted])
-    stats.new_tokens = emitted - length
-    output = context[length:emitted].copy()
-    for drafter in drafters:
-        drafter.end(output)
-    return output, stats
+        truths.append(new)
+        before = row.emitted
+        _emit(row, new, options, should_stop)
+        stats.step_tokens += row.emitted - before
+        if row.sinks.on_logits is not None:
+            row.sinks.on_logits(emitted_rows(scored, verdict, row.emitted - before), row.padded())
+    planner.observe(drafts, truths, tock - tick, asked)
+    stats.draft_s += tock - tick
+    stats.verify_s += time.perf_counter() - tock
+    stats.forwards += 1
+    stats.steps += len(rows)
+    stats.tree_nodes += sum(tree.size for tree in trees)
+    stats.tree_slots += len(rows) * width
 
 
-def _ask_drafters(
-    drafters: Sequence[Drafter], context: np.ndarray, remaining: int, options: DecodeOptions, planner: TreePlanner
-) -> dict[str, tuple[list, float]]:
-    """Proposals of the drafters the planner's gate lets through this step, no longer than
-    the tokens left allow: drafter name -> (its drafts, seconds its ``propose`` took)."""
+def _ask_drafters(row: _Row, allowed: set[str], options: DecodeOptions, tree_budget: int) -> dict[str, tuple[list, float]]:
+    """Row's proposals from the drafters in ``allowed``: drafter name -> (drafts, seconds its ``propose`` took)."""
+    remaining = row.length + options.max_new_tokens - row.emitted
     max_len = min(options.max_draft_len, remaining - 1)
-    if max_len <= 0 or planner.tree_budget == 0:
+    if max_len <= 0 or tree_budget == 0:
         return {}
     asked: dict[str, tuple[list, float]] = {}
-    for drafter in drafters:
-        if not planner.should_ask(drafter.name):
+    context = row.real()
+    for drafter in row.drafters:
+        if drafter.name not in allowed:
             continue
         started = time.perf_counter()
         proposed = drafter.propose(context, max_len)
         seconds = time.perf_counter() - started
-        earlier, earlier_s = asked.get(drafter.name, ([], 0.0))  # two drafters of one name share an entry
+        earlier, earlier_s = asked.get(drafter.name, ([], 0.0))
         asked[drafter.name] = (earlier + proposed, earlier_s + seconds)
     return asked
+
+
+def _row_generator(generator: torch.Generator | None) -> torch.Generator | None:
+    """A row's own sampling stream, seeded from the call's ``generator`` (None: greedy). One row
+    draws from the call's generator itself, so a seeded prompt samples what it always did."""
+    if generator is None:
+        return None
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+
+
+def _verify(trees: list[DraftTree], logits: list[torch.Tensor], rows: list[_Row], options) -> list[Verdict]:
+    """Greedy or sampling verification of each row's tree (``logits[i]``: (n_i, V)), the rows'
+    tree-observing drafters fed from the same host read (one read for all rows)."""
+    jobs = [TreeJob(tree, scored, row.padded(), row.processor, row.generator, [d for d in row.drafters if d.observes_trees])
+            for tree, scored, row in zip(trees, logits, rows)]
+    return verify_trees(jobs, options.do_sample)
+
+
+def _emit(row: _Row, new: np.ndarray, options: DecodeOptions, should_stop: StopCheck | None) -> None:
+    """Append ``new`` to the row up to its first stop (budget, EOS, a stopping criterion)."""
+    limit = row.length + options.max_new_tokens
+    new, stop = cut_at_stop(new, row.context, row.emitted, limit, options.eos_ids, should_stop)
+    row.context[row.emitted : row.emitted + len(new)] = new
+    row.emitted += len(new)
+    row.done = stop
+    if row.sinks.on_tokens is not None and len(new):
+        row.sinks.on_tokens(new)
+    for drafter in row.drafters:
+        drafter.accept(new)
+
+
+def _drop_finished(model: TreeModel, rows: list[_Row], active: list[int]) -> list[int]:
+    """The still-unfinished rows of ``active`` (row indices in the model's row order);
+    finished ones leave the model's batch, which may reorder the others."""
+    finished = [position for position, i in enumerate(active) if rows[i].done]
+    if not finished:
+        return active
+    if len(finished) == len(active):
+        return []
+    return [active[position] for position in model.drop_rows(finished)]
 
 
 def emitted_rows(logits: torch.Tensor, verdict: Verdict, count: int) -> torch.Tensor:
@@ -194,12 +325,6 @@ def emitted_rows(logits: torch.Tensor, verdict: Verdict, count: int) -> torch.Te
     """
     rows = np.concatenate([[0], verdict.accepted])[:count]
     return logits[torch.from_numpy(rows).to(logits.device)]
-
-
-def _verify(tree, logits, context, options, processor, generator, observers) -> Verdict:
-    """Greedy or sampling verification of ``tree`` (``logits``: (n, V)); ``context`` (shape (L,))
-    runs through the root. ``observers`` record the tree from the same host read."""
-    return verify_trees([TreeJob(tree, logits, context, processor, generator, observers)], options.do_sample)[0]
 
 
 def cut_at_stop(
@@ -225,14 +350,3 @@ def cut_at_stop(
                 new, stop = new[: i + 1], True
                 break
     return new, stop
-
-
-def _emit(new, context, emitted, length, options, should_stop, on_tokens, drafters) -> tuple[bool, int]:
-    """Append ``new`` tokens up to the first stop (``cut_at_stop``); return (stopped, new emitted count)."""
-    new, stop = cut_at_stop(new, context, emitted, length + options.max_new_tokens, options.eos_ids, should_stop)
-    context[emitted : emitted + len(new)] = new
-    if on_tokens is not None and len(new):
-        on_tokens(new)
-    for drafter in drafters:
-        drafter.accept(new)
-    return stop, emitted + len(new)

@@ -60,7 +60,7 @@ class VerifyCost:
 def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PROBE_CACHE_LEN, repeats: int = 3) -> VerifyCost:
     """Time tree forwards of ``sizes`` nodes after a ``cache_len``-token prompt (median of ``repeats``).
 
-    Runs the same path as decoding (``TreeModel.score_tree`` with a chain
+    Runs the same path as decoding (``TreeModel.score_trees`` with a chain
     tree and its 4D mask), so the curve includes the mask's cost. Where the
     model can use the skinny matmul, probed sizes in ``SKINNY_ROWS`` are timed
     both ways; the curve takes the faster, and ``skinny_sizes`` lists the
@@ -116,10 +116,10 @@ def time_chain(tree_model, size: int, rng: np.random.Generator, repeats: int, wa
     samples = []
     for _ in range(warmups + repeats):
         timer.start()
-        tree_model.score_tree(chain)
+        tree_model.score_trees([chain])
         timer.stop()
         samples.append(timer.seconds())
-        tree_model.keep(np.zeros(1, dtype=np.int64))
+        tree_model.keep([np.zeros(1, dtype=np.int64)])
     return float(np.median(samples[warmups:]))
 
 

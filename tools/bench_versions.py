@@ -1,0 +1,123 @@
+"""Old code against new: the benchmark harnesses run from two checkouts, interleaved, in one run.
+
+    python -m tools.bench_versions --old DIR --new DIR [--rounds 2] [--out PREFIX]
+        [--bench-args "..."] [--batch-args "..."]
+
+A restructuring must not cost speed. Each round runs ``python -m tools.bench`` and then
+``python -m tools.bench_batch`` once from each checkout (``cwd`` and ``PYTHONPATH`` set to
+it, so each process imports that checkout's ``retrieval_draft`` and ``tools``), old first
+in even rounds and new first in odd ones, so a machine whose speed drifts slows both alike.
+Each harness times plain HF ``generate`` beside the plugin in the same process, so the
+speed-up it reports is already a side-by-side ratio; this tool compares those speed-ups
+(and the plugin's tokens/s) between the checkouts, round by round. Each checkout gets its
+own empty plugin cache (``RETRIEVAL_DRAFT_CACHE``), so both measure their own cost curve
+once, in their first round, as a new user's first process would.
+
+Writes PREFIX.json (every round's figures) and PREFIX.md (the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from statistics import median
+
+from retrieval_draft.atomic import atomic_write_bytes
+
+DEFAULT_BENCH = ("--workloads code_raw --systems hf,defaults --prompts 6 --max-new-tokens 128 --repeats 1 "
+                 "--no-fresh-process")
+DEFAULT_BATCH = "--batches 1,4,16 --max-new-tokens 128 --repeats 1 --no-mixed"
+
+
+def run_harness(checkout: Path, module: str, args: list[str], cache: Path, out: Path) -> dict:
+    """Run ``python -m module args`` from ``checkout``; its JSON result (written to ``out``)."""
+    env = dict(os.environ, PYTHONPATH=str(checkout), RETRIEVAL_DRAFT_CACHE=str(cache))
+    flag = ["--json", str(out)] if module == "tools.bench" else ["--out", str(out.with_suffix(""))]
+    command = [sys.executable, "-m", module, *args, *flag]
+    print(f"[versions] {checkout.name}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    subprocess.run(command, cwd=checkout, env=env, check=True, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+def bench_figures(result: dict) -> dict:
+    """The plugin's figures from a ``tools.bench`` result: speed-up (geometric mean over prompts,
+    each against HF in the same process), tokens/s and identical rate, per system."""
+    overall = result["summary"]["overall"]
+    return {name: {"speedup": row["speedup_geomean"], "tokens_per_s": row["tokens_per_s"],
+                   "identical_rate": row["identical_rate"]} for name, row in overall.items() if name != "hf"}
+
+
+def batch_figures(result: dict) -> dict:
+    """Per batch size, from a ``tools.bench_batch`` result: speed-up, tokens/s, identical rows."""
+    return {str(row["rows"]): {"speedup": row["speedup"], "tokens_per_s": row["ours_tokens_per_s"],
+                               "identical": f"{row['identical_rows']}/{row['rows']}"} for row in result["batches"]}
+
+
+def markdown(rounds: list[dict], old: str, new: str) -> str:
+    """Median speed-ups of the two checkouts and their ratio, per harness entry."""
+    lines = [f"old: `{old}`, new: `{new}`, {len(rounds)} rounds, interleaved", "",
+             "| harness | entry | old speed-up | new speed-up | new / old | old tok/s | new tok/s | identical (old / new) |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    for harness in ("bench", "batch"):
+        entries = rounds[0]["old"][harness].keys()
+        for entry in entries:
+            pick = lambda side, key: [r[side][harness][entry][key] for r in rounds]  # noqa: E731
+            old_up, new_up = median(pick("old", "speedup")), median(pick("new", "speedup"))
+            ratio = median(n / o for n, o in zip(pick("new", "speedup"), pick("old", "speedup")))
+            same_key = "identical_rate" if harness == "bench" else "identical"
+            same = f"{', '.join(map(str, pick('old', same_key)))} / {', '.join(map(str, pick('new', same_key)))}"
+            label = entry if harness == "bench" else f"batch {entry}"
+            lines.append(f"| {'tools.bench' if harness == 'bench' else 'tools.bench_batch'} | {label} | {old_up:.3f}x | "
+                         f"{new_up:.3f}x | {ratio:.3f} | {median(pick('old', 'tokens_per_s')):.1f} | "
+                         f"{median(pick('new', 'tokens_per_s')):.1f} | {same} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--old", type=Path, required=True, help="checkout of the code before the change")
+    p.add_argument("--new", type=Path, required=True, help="checkout of the code after it")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--bench-args", default=DEFAULT_BENCH)
+    p.add_argument("--batch-args", default=DEFAULT_BATCH)
+    p.add_argument("--out", default="bench/results/versions")
+    args = p.parse_args(argv)
+    for side in (args.old, args.new):
+        if not (side / "tools" / "bench.py").is_file():
+            p.error(f"{side}: not a checkout of this project (no tools/bench.py)")
+    sides = {"old": args.old.resolve(), "new": args.new.resolve()}
+    rounds = []
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        caches = {side: work / f"cache-{side}" for side in sides}
+        for number in range(args.rounds):
+            order = ("old", "new") if number % 2 == 0 else ("new", "old")
+            figures: dict = {side: {} for side in sides}
+            for harness, module, extra in (("bench", "tools.bench", args.bench_args),
+                                           ("batch", "tools.bench_batch", args.batch_args)):
+                for side in order:
+                    out = work / f"{harness}-{side}-{number}.json"
+                    result = run_harness(sides[side], module, shlex.split(extra), caches[side], out)
+                    figures[side][harness] = bench_figures(result) if harness == "bench" else batch_figures(result)
+            rounds.append(figures)
+            print(json.dumps(figures), file=sys.stderr, flush=True)
+    result = {"command": " ".join(["python -m tools.bench_versions", *(sys.argv[1:] if argv is None else argv)]),
+              "old": str(args.old), "new": str(args.new), "bench_args": args.bench_args,
+              "batch_args": args.batch_args, "rounds": rounds}
+    report = markdown(rounds, str(args.old), str(args.new))
+    print(report)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out.with_suffix(".json"), json.dumps(result, indent=2).encode())
+    atomic_write_bytes(out.with_suffix(".md"), report.encode())
+    return result
+
+
+if __name__ == "__main__":
+    main()
