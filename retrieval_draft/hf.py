@@ -25,7 +25,6 @@ from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
-from retrieval_draft.drafters.row_view import per_row
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.hf_options import ScoreRecorder, build_output, check_options, padded_sequences, score_recorder
 from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
@@ -126,11 +125,11 @@ def generate(
         given = row_lists(drafters, rows)
     else:
         tokenizer = draft_tokenizer or tokenizer
-        given = [default_drafters(datastore, model, tokenizer, memory, config.draft_learning) for _ in range(rows)]
+        given = [default_drafters(datastore, model, tokenizer, memory, config.draft_learning)] * rows  # one menu, per-row handles
     recorders = [score_recorder(generation_config, view) for view in row_processors(logits_processor, rows)]
     streamers = row_streamers(draft_streamer, rows)
     inputs = DecodeInputs(
-        input_ids=input_ids, attention_mask=attention_mask, drafters=per_row(given), options=options,
+        input_ids=input_ids, attention_mask=attention_mask, drafters=given, options=options,
         processor=logits_processor,
         generator=_sampling_generator(draft_seed) if options.do_sample else None,
         should_stop=_extra_stop_check(stopping_criteria),
@@ -161,7 +160,7 @@ class DecodeInputs:
 
     Attributes:
         input_ids, attention_mask: (B, L) int64, left padding (mask 0) only.
-        drafters: B lists of drafters (``per_row``: shared instances get per-row views).
+        drafters: B lists of drafters (an instance may serve several rows: ``Drafter.for_row``).
         options: the validated options.
         processor: HF's logits processor for the whole batch.
         generator: the sampling generator, or None for greedy.

@@ -3,12 +3,14 @@
 import gc
 import weakref
 
+import numpy as np
 import pytest
 import torch
 
 import retrieval_draft
 from retrieval_draft.cache_dir import CACHE_ENV
 from retrieval_draft.decode.engine import DecodeStats
+from retrieval_draft.drafters.history import SEPARATOR
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.hf import learned_rates, output_history
 from tests.conftest import make_tiny_llama, random_prompt
@@ -122,3 +124,21 @@ def test_a_new_process_starts_from_the_rates_an_earlier_one_saved(tmp_path):
     rates = later.model(make_tiny_llama(seed=17)).rates[False]
     assert rates["prompt"].trials.sum() > 0
     assert PluginMemory(persist=False).model(make_tiny_llama(seed=17)).rates[False] == {}
+
+
+def test_each_row_of_a_batch_adds_its_own_prompt_and_output_to_the_shared_history():
+    model = make_tiny_llama(seed=15)
+    prompts = [random_prompt(31, length=5)[0], random_prompt(32, length=9)[0]]
+    ids = torch.zeros(2, 9, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, 9 - prompt.shape[0] :], mask[row, 9 - prompt.shape[0] :] = prompt, 1
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=[],
+        custom_generate=retrieval_draft.generate, adaptive_tree=False,
+    )
+    buffer = output_history(model)._buffer
+    ends = np.flatnonzero(buffer == SEPARATOR)  # each document is followed by one separator
+    documents = [part[:-1].tolist() for part in np.split(buffer, ends + 1)[:-1]]
+    expected = [prompts[row].tolist() + out[row, 9:].tolist() for row in range(2)]
+    assert sorted(documents) == sorted(expected)  # one document per row, each its own prompt and output

@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, help="prompts per workload")
     p.add_argument("--workloads", default="code",
                    help=f"comma list of {','.join(WORKLOADS)}; 'code' = {','.join(CODE_WORKLOADS)} (default), "
-                        f"'text' = {','.join(TEXT_WORKLOADS)}, 'all' = both")
+                        f"'text' = {','.join(TEXT_WORKLOADS)}, 'long' = whole-module edits, 'all' = every workload")
     p.add_argument("--systems", help=f"comma list of {','.join(SYSTEMS)}")
     p.add_argument("--fresh-process", action=argparse.BooleanOptionalAction, default=None,
                    help="also time one first call per workload in new processes (default: on, off with --quick)")

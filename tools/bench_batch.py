@@ -27,18 +27,15 @@ Writes PREFIX.json and PREFIX.md (default bench/results/2026-11-23-cpu2-smollm2-
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 import retrieval_draft
-from retrieval_draft.atomic import atomic_write_bytes
 from retrieval_draft.target.models import load_model, load_tokenizer
-from tools.bench_report import load_average, machine_info
+from tools.bench_report import load_average, machine_info, write_results
 from tools.bench_workloads import build_workloads
 
 DEFAULT_OUT = "bench/results/2026-11-23-cpu2-smollm2-batch"
@@ -221,11 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["mixed"] = mixed_batch(model, tokenizer, texts, args.max_new_tokens, eos)
         print(result["mixed"], flush=True)
     report = markdown(result)
-    print(report)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out.with_suffix(".json"), json.dumps(result, indent=2).encode())
-    atomic_write_bytes(out.with_suffix(".md"), report.encode())
+    write_results(args.out, result, report)
     return result
 
 

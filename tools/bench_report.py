@@ -22,6 +22,7 @@ README's lines, default options) and ``diagnostic: ...`` (explicit
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -62,6 +63,15 @@ def machine_info() -> dict:
         "load_avg_start": load_average(),
         "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS") if k in os.environ},
     }
+
+
+def write_results(prefix: str | Path, result: dict, report: str) -> None:
+    """PREFIX.json (``result``) and PREFIX.md (``report``), each written atomically; prints the report."""
+    print(report)
+    out = Path(prefix)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out.with_suffix(".json"), (json.dumps(result, indent=2) + "\n").encode())
+    atomic_write_bytes(out.with_suffix(".md"), report.encode())
 
 
 def load_average() -> list[float] | None:
@@ -303,7 +313,6 @@ def plot(result: dict, path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Re-render a saved JSON result: ``python -m tools.bench_report RESULT.json [--markdown P] [--png P]``."""
     import argparse
-    import json
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("result", help="JSON written by python -m tools.bench --json")

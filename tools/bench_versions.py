@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from retrieval_draft.atomic import atomic_write_bytes
+from tools.bench_report import write_results
 
 DEFAULT_BENCH = ("--workloads code_raw --systems hf,defaults --prompts 6 --max-new-tokens 128 --repeats 1 "
                  "--no-fresh-process")
@@ -111,11 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
               "old": str(args.old), "new": str(args.new), "bench_args": args.bench_args,
               "batch_args": args.batch_args, "rounds": rounds}
     report = markdown(rounds, str(args.old), str(args.new))
-    print(report)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out.with_suffix(".json"), json.dumps(result, indent=2).encode())
-    atomic_write_bytes(out.with_suffix(".md"), report.encode())
+    write_results(args.out, result, report)
     return result
 
 

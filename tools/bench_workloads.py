@@ -5,6 +5,8 @@
 - ``grounded``: a real standard-library function or file in the prompt, with
   a request to reproduce, edit or annotate it (chat template).
 - ``chat``: open instructions with no supporting text (chat template).
+- ``long``: a whole standard-library module of 4.8-7k tokens (SmolLM2's tokenizer) with
+  a request to edit it and print it all again (chat template): long contexts, mostly copied output.
 - general text (``bench_text_workloads``): ``translate``, ``summarize``, ``qa``,
   ``math``, ``rag`` (a long passage, then a question) and ``multiturn``.
 
@@ -27,7 +29,8 @@ from pathlib import Path
 from tools.bench_text_workloads import TEXT_WORKLOADS, text_prompts
 
 CODE_WORKLOADS = ("code_raw", "code_chat", "grounded", "chat")
-WORKLOADS = CODE_WORKLOADS + TEXT_WORKLOADS
+LONG_WORKLOADS = ("long",)
+WORKLOADS = CODE_WORKLOADS + TEXT_WORKLOADS + LONG_WORKLOADS
 
 # (module, qualified name or "" for the whole module file, request)
 GROUNDED_SOURCES = (
@@ -42,6 +45,10 @@ GROUNDED_SOURCES = (
     ("quopri", "decode", "Add comments explaining each step."),
     ("textwrap", "dedent", "Reproduce this function exactly."),
 )
+
+# Whole modules for the ``long`` workload, shortest first (SmolLM2 tokens: 4.8k, 5.4k, 5.7k, 6.0k, 6.1k).
+LONG_MODULES = ("textwrap", "wave", "gettext", "pprint", "contextlib")
+LONG_REQUEST = "Add type hints to every function signature, then print the whole module with them."
 
 CHAT_PROMPTS = (
     "Explain how a hash table works to a beginner.",
@@ -127,6 +134,15 @@ def grounded_prompts(n: int) -> list[BenchPrompt]:
     return prompts
 
 
+def long_prompts(n: int) -> list[BenchPrompt]:
+    """Edit-and-repeat requests over whole standard-library modules (first ``n``)."""
+    prompts = []
+    for module in LONG_MODULES[:n]:
+        text = f"{LONG_REQUEST}\n\n```python\n{stdlib_source(module, '')}```"
+        prompts.append(BenchPrompt("long", f"{module}.py", text, True))
+    return prompts
+
+
 def chat_prompts(n: int) -> list[BenchPrompt]:
     """Open instructions without supporting text (first ``n``)."""
     return [BenchPrompt("chat", f"chat-{i}", text, True) for i, text in enumerate(CHAT_PROMPTS[:n])]
@@ -142,6 +158,7 @@ def build_workloads(names: list[str], n: int, seed: int) -> dict[str, list[Bench
         "code_chat": lambda: code_prompts(n, seed, chat=True),
         "grounded": lambda: grounded_prompts(n),
         "chat": lambda: chat_prompts(n),
+        "long": lambda: long_prompts(n),
     }
     for workload in TEXT_WORKLOADS:
         makers[workload] = lambda workload=workload: [

@@ -134,7 +134,7 @@ class CeilingDrafter(Drafter):
     prior_scale = 1.0
 
     def __init__(self, drafters: list[Drafter], reference: np.ndarray) -> None:
-        self.drafters = drafters
+        self.drafters = [drafter.for_row(0) for drafter in drafters]  # a replay decodes one row
         self.reference = np.asarray(reference, dtype=np.int64).reshape(-1)
 
     def begin(self, prompt: np.ndarray) -> None:

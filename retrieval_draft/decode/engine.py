@@ -163,8 +163,8 @@ def speculative_decode(
 
     Args:
         input_ids: (B, L) int64 prompts; one prompt is (1, L).
-        drafters: B lists of drafters, one per row (a drafter given to several rows
-            must not keep per-generation state; see ``drafters.row_view``).
+        drafters: B lists of drafters, one per row; a drafter may serve several rows (each
+            row runs on its own handle, ``Drafter.for_row``).
         attention_mask: (B, L), 1 on real tokens, left padding only (None: no padding).
         planner: sizes each row's tree (default: a fixed ``DEFAULTS.tree_budget`` nodes).
         processor: HF's logits processor for the whole batch; each row verifies with its own
@@ -191,8 +191,8 @@ def speculative_decode(
     count = len(starts)
     processors = row_processors(processor, count)
     sinks = list(sinks) if sinks is not None else [RowSinks()] * count
-    rows = [_Row(prompts[i], int(starts[i]), list(drafters[i]), options.max_new_tokens, processors[i], sinks[i])
-            for i in range(count)]
+    rows = [_Row(prompts[i], int(starts[i]), [d.for_row(i) for d in drafters[i]], options.max_new_tokens,
+                 processors[i], sinks[i]) for i in range(count)]
     for row in rows:
         for drafter in row.drafters:
             drafter.begin(row.real().copy())

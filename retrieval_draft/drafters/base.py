@@ -22,11 +22,10 @@ if TYPE_CHECKING:
 class Drafter(ABC):
     """A source of draft continuations. Subclasses implement ``propose``.
 
-    Lifecycle for one generation: ``begin(prompt)``, then per step
-    ``propose(context, max_len)``, ``tree_request(logits)`` and
-    ``tree_receive(tokens, columns)`` once the tree is scored (observers only),
-    then ``accept(new_tokens)``; and
-    ``end(output)`` once generation stops.
+    Lifecycle for one generation: the engine takes each row's handle, ``for_row(row)``, then
+    on it ``begin(prompt)``, per step ``propose(context, max_len)``, ``tree_request(logits)``
+    and ``tree_receive(tokens, columns)`` once the tree is scored (observers only), then
+    ``accept(new_tokens)``; and ``end(output)`` once that row stops.
     """
 
     name: str = "drafter"
@@ -36,6 +35,17 @@ class Drafter(ABC):
     prior_scale: float = 0.5
     # Whether ``tree_request`` / ``tree_receive`` want each verified tree's logits (the engines call only such drafters).
     observes_trees: bool = False
+
+    def for_row(self, row: int) -> "Drafter":
+        """The handle that serves batch row ``row`` (0 for one prompt) through one generation.
+
+        Rows of a batch may share one drafter, so calls for different rows interleave. The
+        default hands out the drafter itself, right for drafters whose ``begin`` / ``accept``
+        / ``end`` keep no per-generation state (prompt lookup, datastores, the recycling
+        table, keyed by token). A drafter that keeps such state returns a handle holding that
+        row's state, as ``HistoryDrafter`` does.
+        """
+        return self
 
     def begin(self, prompt: np.ndarray) -> None:
         """A new generation starts. ``prompt``: shape (n,), int64 ids."""

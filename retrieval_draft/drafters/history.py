@@ -54,19 +54,15 @@ class HistoryDrafter(Drafter):
         self.max_ngram = max_ngram
         self.max_branches = max_branches
         self._buffer = np.empty(0, dtype=np.int32)
-        self._prompt = np.empty(0, dtype=np.int64)
 
     @property
     def size(self) -> int:
         """Tokens held, separators included."""
         return int(self._buffer.shape[0])
 
-    def begin(self, prompt: np.ndarray) -> None:
-        self._prompt = np.asarray(prompt, dtype=np.int64)
-
-    def end(self, output: np.ndarray) -> None:
-        """Store the prompt and output of the generation that just finished."""
-        self.add(np.concatenate([self._prompt, np.asarray(output, dtype=np.int64)]))
+    def for_row(self, row: int) -> "HistoryRow":
+        """A handle that drafts from this history and adds its row's prompt and output to it at the end."""
+        return HistoryRow(self)
 
     def add(self, document: np.ndarray) -> None:
         """Append one document (shape (n,), ids >= 0), evicting the oldest half when full."""
@@ -108,3 +104,24 @@ class HistoryDrafter(Drafter):
         if not keep.any():
             return []
         return continuations(self._buffer, ends[keep], lengths[keep], max_len, self.max_branches)
+
+
+class HistoryRow(Drafter):
+    """One row's handle on a shared ``HistoryDrafter``: drafts from the shared buffer, holds its
+    own prompt, and adds prompt + output as one document when its generation ends (rows of a
+    batch each add their own pair, whatever order they finish in)."""
+
+    def __init__(self, history: HistoryDrafter) -> None:
+        self.history = history
+        self.name = history.name
+        self.prior_scale = history.prior_scale
+        self._prompt = np.empty(0, dtype=np.int64)
+
+    def begin(self, prompt: np.ndarray) -> None:
+        self._prompt = np.asarray(prompt, dtype=np.int64).copy()
+
+    def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
+        return self.history.propose(context, max_len)
+
+    def end(self, output: np.ndarray) -> None:
+        self.history.add(np.concatenate([self._prompt, np.asarray(output, dtype=np.int64)]))

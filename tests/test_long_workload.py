@@ -1,0 +1,21 @@
+"""The benchmark's ``long`` workload: whole standard-library modules to edit and print again."""
+
+import importlib
+import inspect
+
+from retrieval_draft.target.models import load_tokenizer
+from tools.bench_workloads import LONG_MODULES, build_workloads
+
+
+def test_long_prompts_hold_whole_modules_in_a_fixed_order():
+    prompts = build_workloads(["long"], 3, seed=0)["long"]
+    assert [p.prompt_id for p in prompts] == [f"{m}.py" for m in LONG_MODULES[:3]]
+    for prompt, module in zip(prompts, LONG_MODULES):
+        assert inspect.getsource(importlib.import_module(module)) in prompt.text and prompt.chat
+
+
+def test_long_prompts_are_4k_to_8k_tokens_and_leave_room_for_the_answer():
+    tokenizer = load_tokenizer()  # SmolLM2's: the default model, 8,192 positions
+    for prompt in build_workloads(["long"], len(LONG_MODULES), seed=0)["long"]:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True, return_dict=False)
+        assert 4000 <= len(ids) <= 8192 - 512, prompt.prompt_id
