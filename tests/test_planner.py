@@ -209,6 +209,22 @@ def test_observed_forward_times_reshape_a_curve_measured_on_a_busy_machine():
     assert observed.faster()  # worth keeping on disk: the idle machine is faster than that curve
 
 
+def test_forward_times_after_a_long_prompt_correct_only_long_caches():
+    from retrieval_draft.planning.cost import ObservedCost
+
+    curve = VerifyCost.from_points([1, 2, 64], [0.030, 0.040, 0.120])  # measured after 256 tokens
+    observed = ObservedCost()
+    for _ in range(5):
+        observed.observe(curve, 1, 0.030, cache_len=200)  # short prompts run as measured
+        observed.observe(curve, 17, 0.150, cache_len=6000)  # trees after 6k tokens cost twice as much
+    assert observed.apply(curve, cache_len=300).seconds[17] == pytest.approx(curve.seconds[17])
+    assert observed.apply(curve, cache_len=5000).seconds[17] == pytest.approx(0.150)
+    assert observed.apply(curve, cache_len=9000).seconds[17] == pytest.approx(0.150)  # nearest shorter band
+    probs = np.full(16, 0.3)  # 4.8 expected extra tokens from 16 nodes
+    planner = TreePlanner(tree_budget=16, cost=curve, observed=observed)
+    assert planner.width([probs], cache_len=6000) < planner.width([probs], cache_len=300) == 16
+
+
 def test_a_busy_spell_is_corrected_in_memory_but_never_kept_on_disk(tmp_path, monkeypatch):
     from retrieval_draft.cache_dir import CACHE_ENV
     from retrieval_draft.memory import PluginMemory

@@ -86,6 +86,11 @@ class ReplayModel:
         self.past_len = int(prompt.shape[0])
         return self._one_hot(np.array([self._next(self.past_len)]))
 
+    @property
+    def length(self) -> int:
+        """Cached tokens (``TreeModel.length`` of one row)."""
+        return self.past_len
+
     def verifiable(self, tree: DraftTree) -> DraftTree:
         """``tree`` itself: the stand-in scores any tree shape."""
         return tree
@@ -163,7 +168,7 @@ class CeilingDrafter(Drafter):
 class _UnobservedCost(ObservedCost):
     """Ignores observed forward times: the stand-in's take none, the cost curve models them."""
 
-    def observe(self, cost: VerifyCost, size: int, seconds: float) -> None:
+    def observe(self, cost: VerifyCost, size: int, seconds: float, cache_len: int = 0) -> None:
         return None
 
 

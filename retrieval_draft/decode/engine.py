@@ -230,7 +230,8 @@ def _step(model, rows: list[_Row], options, planner: TreePlanner, should_stop, s
     asked = [_ask_drafters(row, allowed, options, planner.tree_budget) for row in rows]
     drafts = [[(name, draft) for name, (proposed, _) in row_asked.items() for draft in proposed] for row_asked in asked]
     roots = [int(row.context[row.emitted - 1]) for row in rows]
-    trees = [model.verifiable(tree) for tree in planner.plan(roots, drafts)]
+    cache_len = model.length
+    trees = [model.verifiable(tree) for tree in planner.plan(roots, drafts, cache_len)]
     tock = time.perf_counter()
     timer.start()
     logits = model.score_trees(trees)
@@ -238,7 +239,7 @@ def _step(model, rows: list[_Row], options, planner: TreePlanner, should_stop, s
     width = logits.shape[1]
     row_logits = [logits[i, : tree.size] for i, tree in enumerate(trees)]
     verdicts = _verify(trees, row_logits, rows, options)
-    planner.observe_forward(len(rows), len(rows) * width, timer.seconds())  # after the verdicts' host read: no extra wait
+    planner.observe_forward(len(rows), len(rows) * width, timer.seconds(), cache_len)  # after the verdicts' host read: no extra wait
     model.keep([np.concatenate([[0], verdict.accepted]) for verdict in verdicts])
     truths = []
     for tree, row, verdict, scored in zip(trees, rows, verdicts, row_logits):

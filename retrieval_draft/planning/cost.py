@@ -128,15 +128,22 @@ def time_chain(tree_model, size: int, rng: np.random.Generator, repeats: int, wa
 
 
 class ObservedCost:
-    """Corrects a cost curve with the forward times decoding actually sees.
+    """Corrects a cost curve with the forward times decoding actually sees, by cache length.
 
     A curve measured while the machine was busy (or on a persisted file from
     another day) can have the wrong shape, and the planner then picks trees
-    that cost more than they return. Decoding times one forward per step;
-    per band of tree sizes (1, 2-3, 4-7, 8-15, 16-31, 32-64 nodes) this keeps
-    a smoothed ratio of observed to predicted seconds and scales that band of
-    the curve by it (kept non-decreasing: no size costs more than a larger one). Bands never observed keep the
-    measured values until the planner tries them.
+    that cost more than they return. And the curve is measured after a
+    ``PROBE_CACHE_LEN``-token prompt, while every tree node attends to the whole
+    cache: after a 6k-token prompt each node costs more, and more so than a
+    lone root, so trees sized by the short-cache curve are too large. Decoding
+    times one forward per step; per band of cache lengths (below 1k, 1-2k, 2-4k,
+    4-8k, 8k and more tokens) and of tree sizes (1, 2-3, 4-7, 8-15, 16-31, 32-64
+    nodes) this keeps a smoothed ratio of observed to predicted seconds and
+    scales that band of the curve by it (kept non-decreasing: no size costs more
+    than a larger one). A size band never observed at a cache length keeps the
+    measured values, raised to what a smaller observed size was seen to cost, until
+    the planner tries it; a length band never observed starts from the nearest
+    shorter one's corrections.
 
     Args:
         decay: weight of the old ratio in each update.
@@ -144,46 +151,69 @@ class ObservedCost:
     """
 
     BANDS = np.array([1, 2, 4, 8, 16, 32])
+    LENGTH_BANDS = np.array([0, 1024, 2048, 4096, 8192])
 
     def __init__(self, decay: float = 0.8, min_count: int = 8) -> None:
         self.decay = decay
         self.min_count = min_count
-        self.ratio = np.ones(self.BANDS.shape[0])
-        self.count = np.zeros(self.BANDS.shape[0], dtype=np.int64)
+        self.ratio = np.ones((self.LENGTH_BANDS.shape[0], self.BANDS.shape[0]))
+        self.count = np.zeros((self.LENGTH_BANDS.shape[0], self.BANDS.shape[0]), dtype=np.int64)
 
     def _band(self, size: int) -> int:
         return int(np.searchsorted(self.BANDS, size, side="right") - 1)
 
-    def observe(self, cost: VerifyCost, size: int, seconds: float) -> None:
-        """One forward over ``size`` new tokens took ``seconds`` (``cost``: the measured curve)."""
+    def _length_band(self, cache_len: int) -> int:
+        return int(np.searchsorted(self.LENGTH_BANDS, cache_len, side="right") - 1)
+
+    def observe(self, cost: VerifyCost, size: int, seconds: float, cache_len: int = 0) -> None:
+        """One forward over ``size`` new tokens after ``cache_len`` cached ones took ``seconds``
+        (``cost``: the measured curve)."""
         if size < 1 or size > cost.max_nodes or seconds <= 0:
             return
+        length = self._length_band(cache_len)
+        if not self.count[length].any():  # a new cache length: start from the nearest shorter one
+            shorter = self._observed_at_or_below(length)
+            if shorter is not None:
+                self.ratio[length], self.count[length] = self.ratio[shorter], np.minimum(self.count[shorter], 1)
         band = self._band(size)
         ratio = seconds / float(cost.seconds[size])
-        d = self.decay if self.count[band] else 0.0
-        self.ratio[band] = d * self.ratio[band] + (1 - d) * ratio
-        self.count[band] += 1
+        d = self.decay if self.count[length, band] else 0.0
+        self.ratio[length, band] = d * self.ratio[length, band] + (1 - d) * ratio
+        self.count[length, band] += 1
 
-    def apply(self, cost: VerifyCost) -> VerifyCost:
-        """``cost`` with every observed band scaled by its ratio."""
-        if not self.count.any():
+    def apply(self, cost: VerifyCost, cache_len: int = 0) -> VerifyCost:
+        """``cost`` with every observed band scaled by its ratio at ``cache_len`` cached tokens."""
+        length = self._observed_at_or_below(self._length_band(cache_len))
+        if length is None:
             return cost
         sizes = np.arange(cost.seconds.shape[0])
         bands = np.clip(np.searchsorted(self.BANDS, sizes, side="right") - 1, 0, None)
-        # Non-decreasing again: no size costs more than a larger one was seen to cost.
-        seconds = np.minimum.accumulate((cost.seconds * self.ratio[bands])[::-1])[::-1]
+        seen = self.count[length][bands] > 0
+        corrected = cost.seconds * self.ratio[length][bands]
+        # An unobserved size costs at least what a smaller observed one was seen to cost (after
+        # a long prompt the measured short-cache values of big trees are too cheap) ...
+        floor = np.maximum.accumulate(np.where(seen, corrected, 0.0))
+        corrected = np.where(seen, corrected, np.maximum(corrected, floor))
+        # ... and no size costs more than a larger one (non-decreasing again).
+        seconds = np.minimum.accumulate(corrected[::-1])[::-1]
         seconds[0] = seconds[1]
         return VerifyCost(seconds, cost.skinny_sizes, cost.steady)
 
+    def _observed_at_or_below(self, length: int) -> int | None:
+        """The longest length band up to ``length`` with observations, or None."""
+        seen = np.flatnonzero(self.count[: length + 1].any(axis=1))
+        return int(seen[-1]) if seen.size else None
+
     def drifted(self, low: float = 0.7, high: float = 1.4) -> bool:
-        """Whether some well-observed band is off the measured curve by more than the given factors."""
-        seen = self.count >= self.min_count
-        return bool(np.any(seen & ((self.ratio < low) | (self.ratio > high))))
+        """Whether some well-observed band of the measured cache length (below 1k tokens) is off
+        the measured curve by more than the given factors."""
+        seen = self.count[0] >= self.min_count
+        return bool(np.any(seen & ((self.ratio[0] < low) | (self.ratio[0] > high))))
 
     def faster(self, low: float = 0.7) -> bool:
         """Whether the machine proved faster than the curve: some well-observed band ran below
         ``low`` times its measured cost and none ran slower than measured. Only such a
         correction is worth keeping on disk: forwards cannot run faster than the idle machine
         allows, while slower ones may only mean that other work shared the cores for a while."""
-        seen = self.count >= self.min_count
-        return bool(np.any(seen & (self.ratio < low)) and not np.any(seen & (self.ratio > 1.0)))
+        seen = self.count[0] >= self.min_count
+        return bool(np.any(seen & (self.ratio[0] < low)) and not np.any(seen & (self.ratio[0] > 1.0)))

@@ -15,7 +15,8 @@ the node budget goes where drafts are good; when drafts do not pay, W is 1
 The cost curve is measured up to 64 tokens; beyond that it is extended along
 the slope of its last stretch (``extended_cost``). Forwards of several rows
 also read B caches, so their times are corrected by an ``ObservedCost`` of
-their own, kept apart from the model's single-row corrections.
+their own, kept apart from the model's single-row corrections; both correct
+the curve per band of cache length (trees after a long prompt cost more per node).
 """
 
 from __future__ import annotations
@@ -94,15 +95,17 @@ class TreePlanner:
         ]
         return cap_siblings(merge_drafts(root_token, calibrated))
 
-    def plan(self, roots: list[int], drafts: list[SourcedDrafts]) -> list[DraftTree]:
+    def plan(self, roots: list[int], drafts: list[SourcedDrafts], cache_len: int = 0) -> list[DraftTree]:
         """Row i's tree rooted at its pending token ``roots[i]`` from ``drafts[i]``; every
-        tree keeps ``width`` draft nodes or fewer."""
+        tree keeps ``width`` draft nodes or fewer. ``cache_len``: cached tokens the trees
+        attend to (the longest row's)."""
         fulls = [self.candidates(root, row) for root, row in zip(roots, drafts)]
-        budget = self.width([np.sort(full.probs[1:])[::-1][: self.tree_budget] for full in fulls])
+        budget = self.width([np.sort(full.probs[1:])[::-1][: self.tree_budget] for full in fulls], cache_len)
         return [full.top(budget, full.probs) for full in fulls]
 
-    def width(self, ranked: list[np.ndarray]) -> int:
-        """Draft nodes per row (W - 1) that maximise expected tokens per second.
+    def width(self, ranked: list[np.ndarray], cache_len: int = 0) -> int:
+        """Draft nodes per row (W - 1) that maximise expected tokens per second after
+        ``cache_len`` cached tokens.
 
         ``ranked[i]``: row i's candidate probabilities, decreasing (shape (m_i,), at most
         ``tree_budget``). Without a cost curve every row takes all it has.
@@ -115,15 +118,16 @@ class TreePlanner:
         for probs in ranked:
             summed = np.concatenate([[0.0], np.cumsum(probs)])
             gains += summed[np.minimum(np.arange(most + 1), probs.shape[0])]
-        cost = self._corrections(rows).apply(self._curve(rows))
+        cost = self._corrections(rows).apply(self._curve(rows), cache_len)
         tokens = rows * np.arange(1, most + 2)
         seconds = cost.seconds[np.minimum(tokens, cost.max_nodes)] + self.overhead_s
         return int(np.argmax(gains / seconds))
 
-    def observe_forward(self, rows: int, tokens: int, seconds: float) -> None:
-        """A forward over ``rows`` rows' trees, ``tokens`` new tokens in all (rows x width), took ``seconds``."""
+    def observe_forward(self, rows: int, tokens: int, seconds: float, cache_len: int = 0) -> None:
+        """A forward over ``rows`` rows' trees, ``tokens`` new tokens in all (rows x width), after
+        ``cache_len`` cached tokens, took ``seconds``."""
         if self.cost is not None:
-            self._corrections(rows).observe(self._curve(rows), tokens, seconds)
+            self._corrections(rows).observe(self._curve(rows), tokens, seconds, cache_len)
 
     def observe(
         self, drafts: list[SourcedDrafts], truths: list[np.ndarray], draft_seconds: float, asked: list[dict]
