@@ -174,3 +174,14 @@ def test_the_cli_refuses_a_missing_second_store_in_one_line_before_loading_a_mod
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("error: ") and str(missing) in err
+
+
+def test_stores_in_folders_of_one_name_are_told_apart_by_position():
+    from types import SimpleNamespace
+
+    from retrieval_draft.drafters.registry import store_labels
+
+    stores = tuple(SimpleNamespace(path=f"/{where}/store") for where in ("a", "b", "c"))
+    assert store_labels(stores) == ["store#1", "store#2", "store#3"]
+    assert store_labels((SimpleNamespace(path="/a/repo"), SimpleNamespace(path="/b/store"))) == ["repo", "store"]
+    assert store_labels(stores[:1]) == [""]

@@ -8,7 +8,10 @@ What is measured: the wall time of single ``model.generate`` calls, called as
 users call them. Our README systems (``bench_systems``) pass exactly the
 README's lines with default options: ``defaults`` passes no ``drafters=``
 (the plugin's prompt lookup + output history), ``datastore`` passes
-``datastore=PATH`` (the ``--datastore`` string) and ``draft_tokenizer=``.
+``datastore=PATH`` (the ``--datastore`` string) and ``draft_tokenizer=``; on the
+repository-completion workloads (``--workloads repo``: ``repo_raw``, ``repo_chat``)
+it passes ``datastore=[REPO_STORE, PATH]``, the prompt package's store without the
+held-out file (``bench_repo_workloads``; built before timing, opened inside it).
 One-off costs of ours (measuring or loading the cost curve, opening the
 store) fall inside the timed calls that meet them first; the only untimed
 warm-up is one plain HF greedy ``generate`` of 8 tokens (torch's first-call
