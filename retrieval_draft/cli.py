@@ -37,7 +37,11 @@ def add_generate(sub) -> None:
     gen.add_argument("--model", default=None, help="local HF model directory or .gguf file (default: SmolLM2-135M)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--datastore", default=None, help="datastore directory built by `retrieval-draft build`")
+    gen.add_argument(
+        "--datastore", action="append", default=None,
+        help="datastore directory built by `retrieval-draft build` or `repo`; repeat to draft from several "
+        "(e.g. a repo store and a general store)",
+    )
     gen.add_argument(
         "--drafters", default="all", help=f"comma list of {','.join(DRAFTERS)} or 'all' (prompt + datastore drafters)"
     )

@@ -49,7 +49,7 @@ def generate(
     tokenizer=None,
     assistant_model=None,
     drafters: Sequence[Drafter] | None = None,
-    datastore: str | Path | Datastore | None = None,
+    datastore: str | Path | Datastore | Sequence[str | Path | Datastore] | None = None,
     draft_tokenizer=None,
     draft_learning: bool = DEFAULTS.draft_learning,
     tree_budget: int = DEFAULTS.tree_budget,
@@ -73,9 +73,11 @@ def generate(
     Args (ours; the rest come from ``generate``):
         drafters: drafter instances; default prompt lookup, plus the
             datastore's drafters when ``datastore`` is given.
-        datastore: path of a datastore built by ``retrieval-draft build``
-            (opened and verified once per process, re-opened when rebuilt), or
-            a store from ``retrieval_draft.open_datastore``.
+        datastore: path of a datastore built by ``retrieval-draft build`` or
+            ``retrieval-draft repo`` (opened and verified once per process, re-opened
+            when rebuilt), a store from ``retrieval_draft.open_datastore``, or a list
+            of these (e.g. ``[repo_store, general_store]``): every store drafts, each
+            store's drafters named apart so their acceptance is learned apart.
         draft_tokenizer: the tokenizer in use, to check the datastore's fingerprint
             (default: ``generate``'s own ``tokenizer=`` when given).
         draft_learning: learn across this process's calls with this model: start
@@ -239,25 +241,25 @@ def make_planner(model, config: DraftConfig, sampling: bool, memory: PluginMemor
 
 
 def default_drafters(
-    datastore: str | Path | Datastore | None,
+    datastore: str | Path | Datastore | Sequence[str | Path | Datastore] | None,
     model,
     tokenizer=None,
     memory: PluginMemory = PROCESS_MEMORY,
     learning: bool = DEFAULTS.draft_learning,
 ) -> list[Drafter]:
-    """The registry's default menu: prompt lookup, the datastore's drafters when a datastore
-    (path or opened store) is given, logits recycling (with ``learning`` the model's table
-    kept across calls, else a table this call fills) and with ``learning`` the model's
-    output history."""
-    from retrieval_draft.drafters.datastore import open_checked_store
+    """The registry's default menu: prompt lookup, every datastore's drafters when datastores
+    (a path or opened store, or a list of them) are given, logits recycling (with ``learning``
+    the model's table kept across calls, else a table this call fills) and with ``learning``
+    the model's output history."""
+    from retrieval_draft.drafters.datastore import open_checked_stores
 
-    store = None
+    stores = ()
     if datastore is not None:
-        store = open_checked_store(datastore, vocab_size=model.config.vocab_size, tokenizer=tokenizer, memory=memory)
+        stores = open_checked_stores(datastore, vocab_size=model.config.vocab_size, tokenizer=tokenizer, memory=memory)
     if learning:
-        sources = DraftSources(store=store, history=memory.model(model).history, recycled=memory.recycled(model))
+        sources = DraftSources(stores=stores, history=memory.model(model).history, recycled=memory.recycled(model))
     else:
-        sources = DraftSources(store=store, recycled=RecyclingDrafter(int(model.config.vocab_size)))
+        sources = DraftSources(stores=stores, recycled=RecyclingDrafter(int(model.config.vocab_size)))
     return make_drafters(default_names(sources), sources)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
@@ -40,7 +41,8 @@ class GenerationRequest:
 
 @dataclass
 class Session:
-    """A model and tokenizer, an opened datastore, and the memory that outlives single calls.
+    """A model and tokenizer, its opened datastores (none, one, or several), and the memory that
+    outlives single calls.
 
     ``history`` is the model's output history in ``memory``: it learns from every
     generation that names it (drafter spec ``history``); 'all' leaves it out so
@@ -49,7 +51,7 @@ class Session:
 
     model: torch.nn.Module
     tokenizer: object
-    store: Datastore | None = None
+    stores: tuple[Datastore, ...] = ()
     memory: PluginMemory = PROCESS_MEMORY
 
     @property
@@ -76,11 +78,11 @@ class Session:
 
     def drafters(self, spec: str) -> list[Drafter]:
         """Drafters named by ``spec``: a comma list of registry names (``drafters.registry``),
-        or 'all' (prompt lookup plus the datastore's drafters)."""
+        or 'all' (prompt lookup plus every datastore's drafters)."""
         names = [n.strip() for n in spec.split(",") if n.strip()]
         if names == ["all"]:
-            names = ["prompt", *(STORE_DRAFTERS if self.store is not None else ())]
-        sources = DraftSources(store=self.store, history=self.history, recycled=self.memory.recycled(self.model))
+            names = ["prompt", *(STORE_DRAFTERS if self.stores else ())]
+        sources = DraftSources(stores=self.stores, history=self.history, recycled=self.memory.recycled(self.model))
         return make_drafters(names, sources)
 
     def generate_ids(self, input_ids: torch.Tensor, request: GenerationRequest, streamer=None):
@@ -137,15 +139,18 @@ class Session:
         return {"do_sample": True, **request.sampling}
 
 
-def load_session(model_path: str | None = None, datastore_path: str | None = None) -> Session:
-    """Load model and tokenizer (default SmolLM2-135M) and, optionally, a datastore's drafters."""
+def load_session(model_path: str | None = None, datastore_path: str | Sequence[str] | None = None) -> Session:
+    """Load model and tokenizer (default SmolLM2-135M) and, optionally, datastores to draft from
+    (one path or a list; bad paths are refused before the model loads)."""
+    from retrieval_draft.drafters.datastore import store_specs
     from retrieval_draft.target.models import load_model, load_tokenizer
 
+    specs = store_specs(datastore_path) if datastore_path is not None else []
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path)
-    store = None
-    if datastore_path is not None:
-        from retrieval_draft.drafters.datastore import open_checked_store
+    stores: tuple[Datastore, ...] = ()
+    if specs:
+        from retrieval_draft.drafters.datastore import open_checked_stores
 
-        store = open_checked_store(datastore_path, vocab_size=model.config.vocab_size, tokenizer=tokenizer)
-    return Session(model=model, tokenizer=tokenizer, store=store)
+        stores = open_checked_stores(specs, vocab_size=model.config.vocab_size, tokenizer=tokenizer)
+    return Session(model=model, tokenizer=tokenizer, stores=stores)

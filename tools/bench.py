@@ -8,7 +8,10 @@ What is measured: the wall time of single ``model.generate`` calls, called as
 users call them. Our README systems (``bench_systems``) pass exactly the
 README's lines with default options: ``defaults`` passes no ``drafters=``
 (the plugin's prompt lookup + output history), ``datastore`` passes
-``datastore=PATH`` (the ``--datastore`` string) and ``draft_tokenizer=``.
+``datastore=PATH`` (the ``--datastore`` string) and ``draft_tokenizer=``; on the
+repository-completion workloads (``--workloads repo``: ``repo_raw``, ``repo_chat``)
+it passes ``datastore=[REPO_STORE, PATH]``, the prompt package's store without the
+held-out file (``bench_repo_workloads``; built before timing, opened inside it).
 One-off costs of ours (measuring or loading the cost curve, opening the
 store) fall inside the timed calls that meet them first; the only untimed
 warm-up is one plain HF greedy ``generate`` of 8 tokens (torch's first-call
@@ -56,8 +59,10 @@ import torch
 from retrieval_draft.atomic import atomic_write_bytes
 from tools.bench_fresh import fresh_geomean, fresh_process_rows, readme_call
 from tools.bench_report import load_average, machine_info, markdown, per_prompt, plot, summarize
-from tools.bench_systems import SYSTEMS, ModelHandles, RunSetup, prefill_seconds, run_system, unavailable_reason
-from tools.bench_workloads import CODE_WORKLOADS, TEXT_WORKLOADS, WORKLOADS, BenchPrompt, build_workloads
+from tools.bench_systems import (
+    SYSTEMS, ModelHandles, RunSetup, prefill_seconds, readme_datastore, run_system, unavailable_reason,
+)
+from tools.bench_workloads import CODE_WORKLOADS, REPO_WORKLOADS, TEXT_WORKLOADS, WORKLOADS, BenchPrompt, build_workloads
 
 QUICK = {
     "prompts": 1, "max_new_tokens": 32, "repeats": 1, "fresh_process": False,
@@ -87,7 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, help="prompts per workload")
     p.add_argument("--workloads", default="code",
                    help=f"comma list of {','.join(WORKLOADS)}; 'code' = {','.join(CODE_WORKLOADS)} (default), "
-                        f"'text' = {','.join(TEXT_WORKLOADS)}, 'long' = whole-module edits, 'all' = every workload")
+                        f"'text' = {','.join(TEXT_WORKLOADS)}, 'long' = whole-module edits, 'all' = code and text, "
+                        f"'repo' = {','.join(REPO_WORKLOADS)} (held-out functions of installed packages; "
+                        "the datastore systems pass datastore=[repo store, --datastore])")
     p.add_argument("--systems", help=f"comma list of {','.join(SYSTEMS)}")
     p.add_argument("--fresh-process", action=argparse.BooleanOptionalAction, default=None,
                    help="also time one first call per workload in new processes (default: on, off with --quick)")
@@ -101,7 +108,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    groups = {"code": CODE_WORKLOADS, "text": TEXT_WORKLOADS, "all": WORKLOADS}
+    groups = {"code": CODE_WORKLOADS, "text": TEXT_WORKLOADS, "repo": REPO_WORKLOADS,
+              "all": CODE_WORKLOADS + TEXT_WORKLOADS}
     args.workloads = [w for part in args.workloads.split(",") if part.strip() for w in groups.get(part.strip(), (part.strip(),))]
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if not args.workloads or any(w not in WORKLOADS for w in args.workloads):
@@ -136,12 +144,13 @@ def plugin_kwargs(args: argparse.Namespace) -> dict:
     return {key: value for key, value in pairs if value is not None}
 
 
-def make_setup(model, session, args, ids, reference, max_new_tokens, seed) -> RunSetup:
-    """The shared inputs of one timed run on ``model`` (the model or one of its handles)."""
+def make_setup(model, session, args, ids, reference, max_new_tokens, seed, store: str | None = None) -> RunSetup:
+    """The shared inputs of one timed run on ``model`` (the model or one of its handles);
+    ``store``: the prompt's repo store (repo workloads), drafted from before each ``--datastore``."""
     sampling = {"temperature": args.temperature} if args.sampling else {}
     return RunSetup(
-        model, ids, max_new_tokens, sampling, seed, reference, args.datastore, session.tokenizer,
-        plugin_kwargs(args), args.history, args.datastore_b,
+        model, ids, max_new_tokens, sampling, seed, reference, readme_datastore(store, args.datastore),
+        session.tokenizer, plugin_kwargs(args), args.history, readme_datastore(store, args.datastore_b),
     )
 
 
@@ -177,7 +186,7 @@ def bench_prompt(session, args, index: int, prompt: BenchPrompt, ids, systems, h
             seed = args.seed + 1000 * index + repeat
             reference = None if reference_out is None else reference_out[0].numpy()
             model = handles.get(SYSTEMS[name], prompt.workload, repeat)
-            setup = make_setup(model, session, args, ids, reference, args.max_new_tokens, seed)
+            setup = make_setup(model, session, args, ids, reference, args.max_new_tokens, seed, prompt.store)
             result = run_system(SYSTEMS[name], setup)
             if name == "hf" and first_hf is None:
                 first_hf = result.output
@@ -247,8 +256,8 @@ def run(args: argparse.Namespace) -> dict:
     from retrieval_draft.session import load_session
 
     torch.set_num_threads(args.threads)
-    workloads = build_workloads(args.workloads, args.prompts, args.seed)
     session = load_session(args.model)
+    workloads = build_workloads(args.workloads, args.prompts, args.seed, session.tokenizer)
     runnable, unavailable = select_systems(args, args.datastore is not None)
     prompts = [p for group in workloads.values() for p in group]
     encoded = [encode(session, p) for p in prompts]
@@ -270,7 +279,7 @@ def run(args: argparse.Namespace) -> dict:
     result["kinds"] = {name: SYSTEMS[name].kind for name in args.systems}
     result["prompts"] = [
         {"workload": p.workload, "prompt_id": p.prompt_id, "chat": p.chat, "prompt_tokens": int(ids.shape[1]),
-         "prompt_head": p.text[:OUTPUT_HEAD_CHARS], "hf_output_head": head}
+         "prompt_head": p.text[:OUTPUT_HEAD_CHARS], "hf_output_head": head, "repo_store": p.store}
         for p, ids, head in zip(prompts, encoded, heads)
     ]
     result["elapsed_s"] = round(time.perf_counter() - started, 1)
@@ -317,13 +326,21 @@ def run_config(args: argparse.Namespace) -> dict:
         "warm_up": WARMUP,
         "model_handles": "each of our systems calls generate on its own model handle per workload and repeat",
         "datastore": args.datastore,
-        "datastore_status": "passed as datastore=PATH" if args.datastore else "no datastore given",
+        "datastore_status": _datastore_status(args),
         "datastore_b": args.datastore_b,
         "history": str(args.history) if args.history else None,
         "plugin_kwargs": plugin_kwargs(args),
         "plugin_defaults": plugin_defaults(),
         "code": code_version(),
     }
+
+
+def _datastore_status(args: argparse.Namespace) -> str:
+    """How the datastore systems pass the store, in words."""
+    if not args.datastore:
+        return "no datastore given"
+    repo = [w for w in args.workloads if w in REPO_WORKLOADS]
+    return "passed as datastore=PATH" + (f"; {', '.join(repo)}: datastore=[repo store, PATH]" if repo else "")
 
 
 def plugin_defaults() -> dict:

@@ -23,13 +23,16 @@ import sys
 import time
 from pathlib import Path
 
+from tools.bench_systems import readme_datastore
+
 REPO = Path(__file__).resolve().parent.parent  # the fresh processes run ``-m tools.first_call`` from here
 TIMEOUT_S = 900  # one subprocess: ~15 s import + load, a few s per 128 tokens; generous for a busy machine
 
 
-def first_call_command(system: str, args, datastore: str | None) -> list[str]:
+def first_call_command(system: str, args, datastore: str | list[str] | None) -> list[str]:
     """The command line of one fresh-process run (``system`` "ours" or "hf"), run from ``REPO``;
-    existing relative paths are made absolute, since the process starts there."""
+    existing relative paths are made absolute, since the process starts there. ``datastore``:
+    one path or a list (one ``--datastore`` each)."""
     command = [sys.executable, "-m", "tools.first_call", "--system", system]
     command += ["--max-new-tokens", str(args.max_new_tokens)]
     if args.model:
@@ -39,7 +42,8 @@ def first_call_command(system: str, args, datastore: str | None) -> list[str]:
     if args.sampling:
         command += ["--temperature", str(args.temperature), "--seed", str(args.seed)]
     if system == "ours" and datastore is not None:
-        command += ["--datastore", _absolute(datastore)]
+        for path in [datastore] if isinstance(datastore, str) else datastore:
+            command += ["--datastore", _absolute(path)]
     return command
 
 
@@ -79,7 +83,8 @@ def fresh_process_rows(args, prompts, encoded, log=print) -> list[dict]:
         order = ("hf", "ours") if len(seen) % 2 else ("ours", "hf")
         records = {}
         for system in order:
-            records[system] = run_first_call(first_call_command(system, args, args.datastore), ids[0].tolist())
+            datastore = readme_datastore(prompt.store, args.datastore)
+            records[system] = run_first_call(first_call_command(system, args, datastore), ids[0].tolist())
         rows.append(fresh_row(prompt, records, args.sampling))
         log(f"[bench] fresh process {prompt.workload}/{prompt.prompt_id}: {describe(rows[-1])}")
     return rows
@@ -161,7 +166,7 @@ def fresh_section(result: dict) -> list[str]:
     ]
 
 
-def readme_call(datastore: str | None) -> str:
+def readme_call(datastore: str | list[str] | None) -> str:
     """The README line the fresh process times, as text."""
     extra = f", datastore={datastore!r}, draft_tokenizer=tokenizer" if datastore else ""
     return f"model.generate(**inputs, max_new_tokens=N, custom_generate=retrieval_draft.generate{extra})"

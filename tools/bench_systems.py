@@ -58,13 +58,15 @@ class RunSetup:
         sampling: ``generate`` sampling kwargs (temperature, ...); empty = greedy.
         seed: torch seed set before the call, the same for every system of the run.
         reference: shape (L + m,), int64, HF greedy's full output (for the oracle), or None.
-        datastore: the ``--datastore`` path string exactly as given, or None.
+        datastore: the ``datastore=`` value: the ``--datastore`` path string exactly as given, for
+            repo workloads ``[repo store, that path]`` (``readme_datastore``), or None.
         tokenizer: the tokenizer (``draft_tokenizer=`` of the datastore line).
         plugin_kwargs: options set on the command line (tree_budget=, max_draft_len=); empty by default.
         history: a saved output history (``python -m tools.warm_history``), or None. Every
             run loads its own copy, so what one run generates never reaches another.
         datastore_b: a second datastore path (``--datastore-b``) for comparing two stores
-            of the same corpus side by side (e.g. two format versions), or None.
+            of the same corpus side by side (e.g. two format versions), or None; for repo
+            workloads ``[repo store, that path]``.
     """
 
     model: torch.nn.Module
@@ -73,11 +75,20 @@ class RunSetup:
     sampling: dict
     seed: int
     reference: np.ndarray | None
-    datastore: str | None
+    datastore: str | list[str] | None
     tokenizer: object
     plugin_kwargs: dict
     history: Path | None = None
-    datastore_b: str | None = None
+    datastore_b: str | list[str] | None = None
+
+
+def readme_datastore(repo_store: str | None, general: str | None) -> str | list[str] | None:
+    """What the datastore systems pass as ``datastore=``: the ``--datastore`` path as given, or,
+    for a prompt with a repo store, ``[repo_store, general]``; None without a general store
+    (those systems are then unavailable)."""
+    if general is None:
+        return None
+    return [repo_store, general] if repo_store is not None else general
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,9 @@
   a request to edit it and print it all again (chat template): long contexts, mostly copied output.
 - general text (``bench_text_workloads``): ``translate``, ``summarize``, ``qa``,
   ``math``, ``rag`` (a long passage, then a question) and ``multiturn``.
+- repository completion (``bench_repo_workloads``): ``repo_raw`` and ``repo_chat``
+  complete held-out functions of installed packages; their datastore systems draft from
+  the package's repo store beside ``--datastore`` (``BenchPrompt.store``).
 
 Every workload yields its prompts in a fixed order, so ``n`` prompts are
 always the first ``n`` of the same list (quick mode runs a subset of full).
@@ -26,11 +29,12 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.bench_repo_workloads import REPO_WORKLOADS, repo_prompts
 from tools.bench_text_workloads import TEXT_WORKLOADS, text_prompts
 
 CODE_WORKLOADS = ("code_raw", "code_chat", "grounded", "chat")
 LONG_WORKLOADS = ("long",)
-WORKLOADS = CODE_WORKLOADS + TEXT_WORKLOADS + LONG_WORKLOADS
+WORKLOADS = CODE_WORKLOADS + TEXT_WORKLOADS + LONG_WORKLOADS + REPO_WORKLOADS
 
 # (module, qualified name or "" for the whole module file, request)
 GROUNDED_SOURCES = (
@@ -67,13 +71,15 @@ HUMANEVAL_TASKS = 164
 @dataclass(frozen=True)
 class BenchPrompt:
     """One prompt of one workload. ``chat``: wrap ``text`` in the model's chat template,
-    after ``turns``, the conversation's earlier (role, content) messages."""
+    after ``turns``, the conversation's earlier (role, content) messages. ``store``: a repo
+    store the datastore systems draft from before ``--datastore`` (repo workloads), or None."""
 
     workload: str
     prompt_id: str
     text: str
     chat: bool
     turns: tuple[tuple[str, str], ...] = ()
+    store: str | None = None
 
 
 def humaneval_path() -> Path:
@@ -148,11 +154,14 @@ def chat_prompts(n: int) -> list[BenchPrompt]:
     return [BenchPrompt("chat", f"chat-{i}", text, True) for i, text in enumerate(CHAT_PROMPTS[:n])]
 
 
-def build_workloads(names: list[str], n: int, seed: int) -> dict[str, list[BenchPrompt]]:
-    """Prompts per workload name, ``n`` each (fewer where a workload has fewer)."""
+def build_workloads(names: list[str], n: int, seed: int, tokenizer=None) -> dict[str, list[BenchPrompt]]:
+    """Prompts per workload name, ``n`` each (fewer where a workload has fewer). The repo
+    workloads need ``tokenizer`` (the model's) to build or find their stores."""
     unknown = [name for name in names if name not in WORKLOADS]
     if unknown:
         raise ValueError(f"unknown workloads {unknown}; choose from {', '.join(WORKLOADS)}")
+    if tokenizer is None and set(names) & set(REPO_WORKLOADS):
+        raise ValueError(f"the workloads {', '.join(REPO_WORKLOADS)} need the model's tokenizer")
     makers = {
         "code_raw": lambda: code_prompts(n, seed, chat=False),
         "code_chat": lambda: code_prompts(n, seed, chat=True),
@@ -160,6 +169,11 @@ def build_workloads(names: list[str], n: int, seed: int) -> dict[str, list[Bench
         "chat": lambda: chat_prompts(n),
         "long": lambda: long_prompts(n),
     }
+    for workload in REPO_WORKLOADS:
+        makers[workload] = lambda workload=workload: [
+            BenchPrompt(workload, p.prompt_id, p.text, p.chat, store=p.store)
+            for p in repo_prompts(n, seed, workload == "repo_chat", tokenizer)
+        ]
     for workload in TEXT_WORKLOADS:
         makers[workload] = lambda workload=workload: [
             BenchPrompt(workload, prompt_id, text, True, turns) for prompt_id, text, turns in text_prompts(workload, n)

@@ -1,6 +1,6 @@
 """One ``model.generate`` call in a fresh process: what a script that generates once pays.
 
-    python -m tools.first_call --system ours|hf [--datastore DIR] [--model PATH]
+    python -m tools.first_call --system ours|hf [--datastore DIR]... [--model PATH]
                                [--max-new-tokens N] [--threads N] [--temperature T --seed S]
                                [--prompt TEXT [--chat]]        (else JSON {"input_ids": [...]} on stdin)
 
@@ -9,7 +9,8 @@ Imports torch, transformers and retrieval_draft, loads the model and tokenizer
 then times the process's first ``generate`` call, to the last token:
 
 - ``ours``: ``model.generate(**inputs, max_new_tokens=N, custom_generate=retrieval_draft.generate)``,
-  plus ``datastore=DIR, draft_tokenizer=tokenizer`` when ``--datastore`` is given
+  plus ``datastore=DIR, draft_tokenizer=tokenizer`` when ``--datastore`` is given (given more
+  than once: ``datastore=[DIR1, DIR2, ...]``)
   (the README's lines, default options; ``draft_stats=`` only reads statistics);
 - ``hf``: ``model.generate(**inputs, max_new_tokens=N, do_sample=False)``.
 
@@ -35,7 +36,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--system", choices=("ours", "hf"), required=True)
     p.add_argument("--model", default=None, help="local model directory or .gguf (default SmolLM2-135M)")
-    p.add_argument("--datastore", default=None, help="datastore directory (ours only): datastore=DIR")
+    p.add_argument("--datastore", action="append", default=None,
+                   help="datastore directory (ours only): datastore=DIR; repeat for datastore=[DIR1, DIR2]")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--temperature", type=float, default=None, help="sample at this temperature (default greedy)")
@@ -67,7 +69,8 @@ def call_kwargs(args: argparse.Namespace, tokenizer) -> dict:
         return kwargs
     kwargs["custom_generate"] = retrieval_draft.generate
     if args.datastore is not None:
-        kwargs.update(datastore=args.datastore, draft_tokenizer=tokenizer)
+        datastore = args.datastore[0] if len(args.datastore) == 1 else args.datastore
+        kwargs.update(datastore=datastore, draft_tokenizer=tokenizer)
     return kwargs
 
 

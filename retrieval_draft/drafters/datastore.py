@@ -1,7 +1,12 @@
-"""Opening a datastore for a model: the checks that pair a store with a model and tokenizer."""
+"""Opening datastores for a model: the checks that pair stores with a model and tokenizer.
+
+``datastore=`` takes one store or several (a list or tuple: e.g. a repository's store
+beside a general one); ``store_specs`` checks its shape before anything is opened.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from retrieval_draft.drafters.base import Drafter
@@ -30,6 +35,44 @@ def open_checked_store(datastore: str | Path | Datastore, *, vocab_size: int, to
     if tokenizer is not None and memory.fingerprint(tokenizer) != store.fingerprint:
         raise TokenizerMismatchError(f"datastore {store.path} was built with a different tokenizer than the model's")
     return store
+
+
+StoreSpec = str | os.PathLike | Datastore  # a store's directory, or a store already opened
+
+
+def store_specs(datastore) -> list[StoreSpec]:
+    """``datastore=`` (one spec, or a non-empty list / tuple of them) as a list of specs.
+
+    Raises InvalidInputError for an empty list, an item of another type, or one store named
+    twice (by resolved path), and CorruptDatastoreError for a path that holds no store (a few
+    ``stat`` calls): all before any store is opened, which for a large store takes seconds.
+    """
+    from retrieval_draft.store.store_cache import store_identity
+
+    items = list(datastore) if isinstance(datastore, (list, tuple)) else [datastore]
+    if not items:
+        raise InvalidInputError("datastore= is an empty list; give a datastore path (or several), or leave it out")
+    seen = set()
+    for item in items:
+        if not isinstance(item, (str, os.PathLike, Datastore)):
+            raise InvalidInputError(
+                f"datastore= takes a datastore path, an opened store, or a list of them; got {type(item).__name__}"
+            )
+        where = os.path.realpath(item.path if isinstance(item, Datastore) else item)
+        if where in seen:
+            raise InvalidInputError(f"datastore= names the store {where} twice")
+        seen.add(where)
+    for item in items:
+        if not isinstance(item, Datastore):
+            store_identity(item)  # raises CorruptDatastoreError for a missing store
+    return items
+
+
+def open_checked_stores(datastore, *, vocab_size: int, tokenizer=None, memory=None) -> tuple[Datastore, ...]:
+    """Every store ``datastore=`` names (``store_specs``), each checked by ``open_checked_store``,
+    in the given order."""
+    specs = store_specs(datastore)
+    return tuple(open_checked_store(spec, vocab_size=vocab_size, tokenizer=tokenizer, memory=memory) for spec in specs)
 
 
 def datastore_drafters(
