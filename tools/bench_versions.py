@@ -1,7 +1,7 @@
 """Old code against new: the benchmark harnesses run from two checkouts, interleaved, in one run.
 
     python -m tools.bench_versions --old DIR --new DIR [--rounds 2] [--out PREFIX]
-        [--bench-args "..."] [--batch-args "..."]
+        [--bench-args "..."] [--batch-args "..."] [--harnesses bench,batch]
 
 A restructuring must not cost speed. Each round runs ``python -m tools.bench`` and then
 ``python -m tools.bench_batch`` once from each checkout (``cwd`` and ``PYTHONPATH`` set to
@@ -54,9 +54,12 @@ def bench_figures(result: dict) -> dict:
 
 
 def batch_figures(result: dict) -> dict:
-    """Per batch size, from a ``tools.bench_batch`` result: speed-up, tokens/s, identical rows."""
+    """Per batch size, from a ``tools.bench_batch`` result: speed-up, tokens/s, identical rows,
+    accepted tokens per row-step and mean tree width."""
     return {str(row["rows"]): {"speedup": row["speedup"], "tokens_per_s": row["ours_tokens_per_s"],
-                               "identical": f"{row['identical_rows']}/{row['rows']}"} for row in result["batches"]}
+                               "identical": f"{row['identical_rows']}/{row['rows']}",
+                               "accepted": row["mean_accepted_per_row_step"], "width": row["mean_width"]}
+            for row in result["batches"]}
 
 
 def markdown(rounds: list[dict], old: str, new: str) -> str:
@@ -65,6 +68,8 @@ def markdown(rounds: list[dict], old: str, new: str) -> str:
              "| harness | entry | old speed-up | new speed-up | new / old | old tok/s | new tok/s | identical (old / new) |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
     for harness in ("bench", "batch"):
+        if harness not in rounds[0]["old"]:
+            continue
         entries = rounds[0]["old"][harness].keys()
         for entry in entries:
             pick = lambda side, key: [r[side][harness][entry][key] for r in rounds]  # noqa: E731
@@ -86,11 +91,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--bench-args", default=DEFAULT_BENCH)
     p.add_argument("--batch-args", default=DEFAULT_BATCH)
+    p.add_argument("--harnesses", default="bench,batch", help="which harnesses to run: bench, batch or both")
     p.add_argument("--out", default="bench/results/versions")
     args = p.parse_args(argv)
     for side in (args.old, args.new):
         if not (side / "tools" / "bench.py").is_file():
             p.error(f"{side}: not a checkout of this project (no tools/bench.py)")
+    harnesses = {h.strip() for h in args.harnesses.split(",")}
+    if not harnesses or not harnesses <= {"bench", "batch"}:
+        p.error("--harnesses takes bench, batch or bench,batch")
     sides = {"old": args.old.resolve(), "new": args.new.resolve()}
     rounds = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -101,6 +110,8 @@ def main(argv: list[str] | None = None) -> dict:
             figures: dict = {side: {} for side in sides}
             for harness, module, extra in (("bench", "tools.bench", args.bench_args),
                                            ("batch", "tools.bench_batch", args.batch_args)):
+                if harness not in harnesses:
+                    continue
                 for side in order:
                     out = work / f"{harness}-{side}-{number}.json"
                     result = run_harness(sides[side], module, shlex.split(extra), caches[side], out)
