@@ -73,12 +73,10 @@ def test_the_skinny_kernel_is_never_chosen_for_a_model_off_the_cpu(tiny_llama):
 def after_prompt(tree_model: TreeModel, rows: int, length: int, gaps: bool = False) -> TreeModel:
     """``tree_model`` in the state a prefill of ``rows`` unpadded prompts of ``length`` tokens leaves
     (with ``gaps``: row 0 then hid its last two slots, as after a step another row won)."""
-    tree_model.visible = np.ones((rows, length), dtype=bool)
-    tree_model.slot_pos = np.tile(np.arange(length), (rows, 1))
-    tree_model.length, tree_model.ends, tree_model.next_pos = length, np.full(rows, length), np.full(rows, length)
+    visible = np.ones((rows, length), dtype=bool)
     if gaps:
-        tree_model.visible[0, -2:] = False
-        tree_model.ends[0] = tree_model.next_pos[0] = length - 2
+        visible[0, -2:] = False
+    tree_model.start_rows(visible, np.tile(np.arange(length), (rows, 1)))
     return tree_model
 
 
@@ -86,7 +84,7 @@ def inputs(tree_model: TreeModel, trees: list):
     """``_inputs`` for ``trees`` as ``score_trees`` calls it."""
     width = max(tree.size for tree in trees)
     tokens, depths, among = tree_model._pack(trees, width)
-    return tree_model._inputs(tokens, tree_model.next_pos[:, None] + depths, among, bool(tree_model.visible.all()), False)
+    return tree_model._inputs(tokens, tree_model.next_pos[:, None] + depths, among, tree_model.dense, False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -72,6 +72,33 @@ def test_tree_steps_match_a_fresh_forward_over_the_kept_sequence():
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_dense_cache_leaves_row_visibility_alone_until_rows_accept_unlike():
+    """One row (or rows accepting alike) stays dense: ``visible`` / ``slot_pos`` are not
+    extended per step. When two rows keep different counts the rows are written out: the
+    shorter row's gap is hidden, and its next logits still equal a no-cache forward."""
+    model = make_tiny_llama(seed=2)
+    prompts = torch.cat([random_prompt(4), random_prompt(5)])
+    tree_model = TreeModel(model)
+    tree_model.prefill(prompts)
+    chain = DraftTree(tokens=np.array([7, 8, 9]), parents=np.array([-1, 0, 1]), depths=np.arange(3), probs=np.ones(3))
+    tree_model.score_trees([chain, chain])
+    tree_model.keep([np.array([0, 1]), np.array([0, 1])])
+    assert tree_model.dense and tree_model.visible.shape == (2, prompts.shape[1])  # untouched since prefill
+    tree_model.score_trees([chain, chain])
+    tree_model.keep([np.array([0, 1, 2]), np.array([0])])
+    assert not tree_model.dense
+    length = prompts.shape[1] + 2
+    assert tree_model.length == length + 3
+    assert tree_model.visible[0].all() and tree_model.visible[1, : length + 1].all() and not tree_model.visible[1, length + 1 :].any()
+    assert tree_model.slot_pos[1, length] == length
+    step = DraftTree(tokens=np.array([12]), parents=np.array([-1]), depths=np.array([0]), probs=np.ones(1))
+    got = tree_model.score_trees([step, step])[:, 0]
+    with torch.no_grad():
+        want = [model(torch.cat([prompts[i : i + 1], torch.tensor([extra])], dim=1)).logits[0, -1]
+                for i, extra in enumerate(([7, 8, 7, 8, 9, 12], [7, 8, 7, 12]))]
+    torch.testing.assert_close(got, torch.stack(want), rtol=1e-4, atol=1e-4)
+
+
 def test_move_copies_positions_within_each_batch_row_and_every_head():
     layer = GrowingLayer()
     keys = torch.randn(3, 2, 10, 4)

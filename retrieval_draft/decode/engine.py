@@ -182,11 +182,12 @@ def speculative_decode(
     if len(drafters) != input_ids.shape[0]:
         raise InvalidInputError(f"{len(drafters)} drafter lists for {input_ids.shape[0]} rows: pass one list per row")
     planner = planner if planner is not None else TreePlanner(tree_budget=DEFAULTS.tree_budget)
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    attention_mask = attention_mask.cpu()
     stats = DecodeStats(rows=input_ids.shape[0])
-    starts = (attention_mask.shape[1] - attention_mask.sum(dim=1)).tolist()
+    if attention_mask is None:  # no padding: every row starts at slot 0
+        starts = [0] * input_ids.shape[0]
+    else:
+        attention_mask = attention_mask.cpu()
+        starts = (attention_mask.shape[1] - attention_mask.sum(dim=1)).tolist()
     prompts = input_ids.cpu().numpy()
     count = len(starts)
     processors = row_processors(processor, count)

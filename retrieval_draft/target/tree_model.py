@@ -25,10 +25,13 @@ then ``keep`` moves each row's accepted rows down to its ``ends`` in place
 row. A finished row leaves the batch: the last row takes its place.
 
 While every slot is visible (one unpadded row, or rows of equal length that
-accepted alike), slot j holds position j in every row: the cache is "dense".
-Dense steps take the cheap branches of the one path: a lone root per row (or a
-chain) runs with the model's own causal mask, as plain decoding does, and a
-tree's mask is built on the device without copying the cache's visibility.
+accepted alike), slot j holds position j in every row: the cache is "dense"
+(the ``dense`` flag, kept by ``keep`` and ``drop_rows``). Dense steps take the
+cheap branches of the one path: a lone root per row (or a chain) runs with the
+model's own causal mask, as plain decoding does, a tree's mask is built on the
+device, and ``visible`` / ``slot_pos`` are neither read nor extended (they are
+written out only when the cache stops being dense), so a step's host work does
+not grow with the cache.
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ class TreeModel:
         self.ends = np.zeros(0, dtype=np.int64)
         self.next_pos = np.zeros(0, dtype=np.int64)
         self.length = 0  # T: cache slots in use (the longest row's end)
+        self.dense = True  # every slot visible, slot j at position j; visible/slot_pos then unused
+        self._step_positions = np.zeros((0, 0), dtype=np.int64)  # (B, W) the last tree's position ids
 
     @property
     def rows(self) -> int:
@@ -94,7 +99,7 @@ class TreeModel:
         """
         rows, length = input_ids.shape
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(torch.long).cpu()
-        padded = not bool(mask.all())
+        padded = attention_mask is not None and not bool(mask.all())
         if rows > 1 and self.layout.own_cache_kinds:
             raise UnsupportedModelError(
                 f"{type(self.model).__name__}'s cache layers ({', '.join(self.layout.own_cache_kinds)}) are verified "
@@ -110,12 +115,19 @@ class TreeModel:
             use_cache=True,
             logits_to_keep=1,
         )
-        self.visible = mask.numpy().astype(bool)
-        self.slot_pos = positions.numpy().astype(np.int64)
-        self.length = int(length)
-        self.ends = np.full(rows, self.length, dtype=np.int64)
-        self.next_pos = self.visible.sum(axis=1).astype(np.int64)
+        self.start_rows(mask.numpy().astype(bool), positions.numpy().astype(np.int64))
         return out.logits[:, -1].float()
+
+    def start_rows(self, visible: np.ndarray, slot_pos: np.ndarray) -> None:
+        """Take the row state of a cache whose slots are ``visible`` (B, T) bool, at positions
+        ``slot_pos`` (B, T) int64: what ``prefill`` leaves (and what tests of the mask
+        builders set up on a device without compute). Each row ends after its last visible slot."""
+        rows, length = visible.shape
+        self.visible, self.slot_pos, self.length = visible, slot_pos, int(length)
+        last = length - np.argmax(visible[:, ::-1], axis=1) if length else np.zeros(rows, dtype=np.int64)
+        self.ends = np.where(visible.any(axis=1), last, 0).astype(np.int64)
+        self.next_pos = visible.sum(axis=1).astype(np.int64)
+        self.dense = bool(visible.all())
 
     def verifiable(self, tree: DraftTree) -> DraftTree:
         """``tree`` as this model can score it (``AttentionLayout.verifiable``)."""
@@ -138,11 +150,10 @@ class TreeModel:
         width = max(tree.size for tree in trees)
         tokens, depths, among = self._pack(trees, width)
         positions = self.next_pos[:, None] + depths  # (B, W)
-        dense = bool(self.visible.all())
         # Dense lone roots and chains see the whole cache through the model's own causal mask:
         # what plain decoding runs, and faster. Windowed layers need our mask for trees.
-        own_mask = dense and (chain or (width == 1 and not self.layout.windowed))
-        tokens_t, positions_t, mask = self._inputs(tokens, positions, among, dense, own_mask)
+        own_mask = self.dense and (chain or (width == 1 and not self.layout.windowed))
+        tokens_t, positions_t, mask = self._inputs(tokens, positions, among, self.dense, own_mask)
         skinny = self._skinny if self.rows * width in self.skinny_sizes else []
         grouped = self._sdpa_configs if self.grouped_attention and not chain and not own_mask else []
         with tree_attention(grouped), skinny_linears(skinny):
@@ -153,23 +164,37 @@ class TreeModel:
                 past_key_values=self.cache,
                 use_cache=True,
             )
-        self.visible = np.concatenate([self.visible, np.zeros((self.rows, width), dtype=bool)], axis=1)
-        self.slot_pos = np.concatenate([self.slot_pos, positions], axis=1)
+        if self.dense:
+            self._step_positions = positions
+        else:
+            self._extend_rows(positions)
         return out.logits.float()
+
+    def _extend_rows(self, positions: np.ndarray) -> None:
+        """Append a scored tree's (B, W) slots to ``visible`` (hidden until kept) and ``slot_pos``."""
+        self.visible = np.concatenate([self.visible, np.zeros(positions.shape, dtype=bool)], axis=1)
+        self.slot_pos = np.concatenate([self.slot_pos, positions], axis=1)
 
     def keep(self, nodes: list[np.ndarray]) -> None:
         """Keep, per row, the KV rows of tree ``nodes[i]`` (increasing, starting with root 0,
         a path from the root) after that row's kept tokens; hide the rest. Rows already in
         place (a dense row's accepted chain) are not copied."""
         base = self.length
+        counts = [kept.shape[0] for kept in nodes]
+        if self.dense and len(set(counts)) > 1:  # rows accepted unlike: gaps appear, write the rows out
+            self.visible = np.ones((self.rows, base), dtype=bool)
+            self.slot_pos = np.broadcast_to(np.arange(base), (self.rows, base)).copy()
+            self._extend_rows(self._step_positions)
+            self.dense = False
         rows, sources, targets = [], [], []
         for row, kept in enumerate(nodes):
             count = kept.shape[0]
             start = int(self.ends[row])
             target = np.arange(start, start + count)
-            self.visible[row, start:] = False
-            self.visible[row, target] = True
-            self.slot_pos[row, target] = self.next_pos[row] + np.arange(count)
+            if not self.dense:
+                self.visible[row, start:] = False
+                self.visible[row, target] = True
+                self.slot_pos[row, target] = self.next_pos[row] + np.arange(count)
             moved = target != base + kept
             if moved.any():
                 rows.append(np.full(int(moved.sum()), row))
@@ -194,7 +219,7 @@ class TreeModel:
             live = int(self.ends[last])
             for layer in self.cache.layers:
                 layer.retire_row(row, live)
-            for name in ("visible", "slot_pos", "ends", "next_pos"):
+            for name in ("ends", "next_pos") if self.dense else ("visible", "slot_pos", "ends", "next_pos"):
                 values = getattr(self, name)
                 values[row] = values[last]
                 setattr(self, name, values[:last])
@@ -202,6 +227,8 @@ class TreeModel:
             order.pop()
         if order:
             self._truncate(int(self.ends.max()))
+            if not self.dense and self.visible.all():  # the rows left accepted alike
+                self.dense = True
         return order
 
     def _fresh_cache(self):
@@ -209,7 +236,8 @@ class TreeModel:
 
     def _truncate(self, length: int) -> None:
         cut_back(self.cache, length)
-        self.visible, self.slot_pos = self.visible[:, :length], self.slot_pos[:, :length]
+        if not self.dense:
+            self.visible, self.slot_pos = self.visible[:, :length], self.slot_pos[:, :length]
         self.length = length
 
     @staticmethod
