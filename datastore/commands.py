@@ -89,7 +89,15 @@ def cmd_repo(args) -> int:
     check_target(args.out.resolve(), check_source_root(args.src))  # refuse before loading the tokenizer
     options = SourceOptions(globs=tuple(args.glob or SOURCE_GLOBS), excludes=tuple(args.exclude or ()))
     print(update_repo_store(args.src, args.out, _tokenizer(args), options=options).line())
+    _compile_query_kernels(args.out)
     return 0
+
+
+def _compile_query_kernels(path) -> None:
+    """Compile the runtime's store queries for the store at ``path`` now (``compile_store_drafters``)."""
+    from retrieval_draft.drafters.datastore import compile_store_drafters
+
+    compile_store_drafters(open_datastore(path, verify=False))
 
 
 def _tokenizer(args):
@@ -119,6 +127,7 @@ def cmd_build(args) -> int:
         manifest = build(args.sources, args.out, _tokenizer(args), options=options, params=params,
                          progress=not args.quiet)
     stats = manifest["stats"]
+    _compile_query_kernels(args.out)
     print(f"built {args.out}: {stats['documents']} documents, {stats['tokens']} tokens")
     return 0
 

@@ -146,6 +146,30 @@ def test_file_urls_read_like_local_paths(tmp_path, corpus, tokenizer):
         build([(tmp_path / "nope").as_uri()], tmp_path / "ds", tokenizer, progress=False)
 
 
+def test_a_cli_build_compiles_the_runtime_store_queries_for_its_store(tmp_path, corpus, monkeypatch):
+    """The first generate drafting from a store would otherwise compile the Numba query kernels
+    (~7 s on 2 cores); the build runs every store drafter once on the new store instead."""
+    from retrieval_draft.drafters import datastore as drafters_datastore
+    from retrieval_draft.drafters import ngram, suffix
+
+    tok_dir = tmp_path / "tok"
+    bpe_tokenizer([p.read_text() for p in sorted(corpus.glob("*.py"))]).save_pretrained(tok_dir)
+    asked = []
+    for cls in (ngram.NgramDrafter, suffix.SuffixDrafter):
+        real = cls.propose
+        monkeypatch.setattr(cls, "propose", lambda self, context, max_len, real=real: asked.append(
+            (self.name, context.dtype, context.size)) or real(self, context, max_len))
+    compiled = []
+    real_compile = drafters_datastore.compile_store_drafters
+    monkeypatch.setattr(drafters_datastore, "compile_store_drafters",
+                        lambda store: compiled.append(store.path) or real_compile(store))
+    assert cli(["build", str(corpus / "bisect.py"), "--out", str(tmp_path / "a"), "--tokenizer", str(tok_dir),
+                "--max-order", "3", "--quiet"]) == 0
+    assert [Path(p).resolve() for p in compiled] == [(tmp_path / "a").resolve()]
+    assert sorted(name for name, _, _ in asked) == ["ngram", "suffix"]
+    assert all(dtype == np.int64 and size == 16 for _, dtype, size in asked)
+
+
 def test_ray_options_without_the_ray_engine_are_refused(tmp_path, corpus):
     with pytest.raises(InvalidInputError, match="need --engine ray"):
         cli(["build", str(corpus), "--out", str(tmp_path / "ds"), "--workers", "2", "--quiet"])

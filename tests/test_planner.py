@@ -113,6 +113,25 @@ def test_a_probe_slowed_by_other_work_is_timed_again(tiny_llama, monkeypatch):
     assert cost_module.spiked([0.16, 0.903, 0.19, 0.22]) == [1] and cost_module.spiked(list(true.values())) == []
 
 
+def test_first_use_measurement_runs_a_handful_of_forwards_on_a_cpu(tiny_llama, monkeypatch):
+    """The first call of a process without a stored curve pays for the measurement: one untimed
+    forward, one timed forward per probed size (two where the skinny kernel competes) and one
+    closing single-token forward; no per-size warm-ups on a CPU."""
+    from retrieval_draft.planning import cost as cost_module
+
+    forwards = []
+
+    def fake_time_chain(tree_model, size, rng, repeats, warmups=1):
+        forwards.append(repeats + warmups)
+        return 0.1 + 0.01 * size  # steady and increasing: nothing is timed again
+
+    monkeypatch.setattr(cost_module, "time_chain", fake_time_chain)
+    curve = cost_module.measure_cost(tiny_llama)
+    competing = [size for size in cost_module.PROBE_SIZES if size in cost_module.SKINNY_ROWS]
+    assert sum(forwards) == 1 + len(cost_module.PROBE_SIZES) + len(competing) + 1 <= 12
+    assert curve.max_nodes == max(cost_module.PROBE_SIZES) and curve.steady
+
+
 def test_measured_cost_has_a_positive_time_for_every_tree_size(tiny_llama):
     curve = measure_cost(tiny_llama, sizes=(1, 8, 64), cache_len=32, repeats=2)
     assert curve.max_nodes == 64

@@ -20,7 +20,11 @@ import torch
 from retrieval_draft.planning.timing import ForwardTimer
 from retrieval_draft.target.skinny_linear import SKINNY_ROWS
 
-PROBE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# Probed tree sizes, one timed forward each: the first call of a process with no stored curve pays
+# for this (~1 s for SmolLM2-135M on 2 CPU cores; 12 sizes x 3 repeats took 8.7 s, longer than many
+# whole generations, and made that first call slower than plain ``generate``). Sizes between
+# probes are interpolated, and ``ObservedCost`` corrects the curve from the forwards decoding times.
+PROBE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PROBE_CACHE_LEN = 256
 SPIKE_FACTOR = 1.3  # a probe this much slower than the next larger one is timed again
 SPIKE_RETRIES = 2
@@ -60,8 +64,11 @@ class VerifyCost:
         return cls(curve, skinny_sizes, steady)
 
 
-def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PROBE_CACHE_LEN, repeats: int = 3) -> VerifyCost:
+def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PROBE_CACHE_LEN, repeats: int = 1) -> VerifyCost:
     """Time tree forwards of ``sizes`` nodes after a ``cache_len``-token prompt (median of ``repeats``).
+
+    One untimed forward first takes the first-forward set-up; on a CPU each size is then
+    timed without a warm-up of its own (a GPU warms each new shape once).
 
     Runs the same path as decoding (``TreeModel.score_trees`` with a chain
     tree and its 4D mask), so the curve includes the mask's cost. Where the
@@ -75,13 +82,16 @@ def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PRO
     rng = np.random.default_rng(0)
     tree_model.prefill(torch.from_numpy(rng.integers(0, model.config.vocab_size, size=(1, cache_len))))
     kernel_possible = bool(tree_model.skinny_sizes)
+    warmups = 0 if tree_model.device.type == "cpu" else 1
+    tree_model.skinny_sizes = frozenset()
+    time_chain(tree_model, sizes[0], rng, repeats=1, warmups=0)
     times, kernel_wins = [], {}
     for size in sizes:
         tree_model.skinny_sizes = frozenset()
-        best = time_chain(tree_model, size, rng, repeats)
+        best = time_chain(tree_model, size, rng, repeats, warmups)
         if kernel_possible and size in SKINNY_ROWS:
             tree_model.skinny_sizes = frozenset([size])
-            kernel = time_chain(tree_model, size, rng, repeats)
+            kernel = time_chain(tree_model, size, rng, repeats, warmups)
             kernel_wins[size] = kernel < best
             best = min(best, kernel)
         times.append(best)
@@ -91,11 +101,11 @@ def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PRO
             break
         for i in spikes:
             tree_model.skinny_sizes = frozenset([sizes[i]]) if kernel_wins.get(sizes[i]) else frozenset()
-            times[i] = min(times[i], time_chain(tree_model, sizes[i], rng, repeats))
+            times[i] = min(times[i], time_chain(tree_model, sizes[i], rng, repeats, warmups))
     chosen = kernel_sizes(kernel_wins) if kernel_possible else None
     tree_model.skinny_sizes = frozenset()
     # One more single-token forward: far from the first one means the machine was busy meanwhile.
-    settled = time_chain(tree_model, sizes[0], rng, repeats)
+    settled = time_chain(tree_model, sizes[0], rng, repeats, warmups)
     steady = abs(settled - times[0]) <= 0.3 * times[0]
     return VerifyCost.from_points(sizes, times, max_nodes=max(sizes), skinny_sizes=chosen, steady=steady)
 
