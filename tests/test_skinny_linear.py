@@ -1,4 +1,4 @@
-"""The skinny float32 matmul used for 4-16-node tree forwards on CPU."""
+"""The skinny float32 matmul used for 1-16-token forwards on CPU."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from retrieval_draft.tree import DraftTree
 from retrieval_draft.planning.cost import kernel_sizes, measure_cost
-from retrieval_draft.target.skinny_linear import eligible_linears, skinny_linear, skinny_linears, skinny_matmul
+from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linear, skinny_linears, skinny_matmul
 from retrieval_draft.target.tree_model import TreeModel
 
 from .conftest import make_tiny_llama, random_prompt
@@ -80,7 +80,7 @@ def test_kernel_sizes_follow_the_nearest_probe_below():
 def test_measured_cost_picks_the_path_per_size_and_tree_model_obeys():
     model = make_tiny_llama(seed=5)
     cost = measure_cost(model, sizes=(1, 4, 8), cache_len=16, repeats=1)
-    assert cost.skinny_sizes is not None and cost.skinny_sizes <= frozenset(range(4, 17))
+    assert cost.skinny_sizes is not None and cost.skinny_sizes <= frozenset(SKINNY_ROWS)
     tree_model = TreeModel(model, skinny_sizes=frozenset({5}))
     assert tree_model.skinny_sizes == frozenset({5})
-    assert TreeModel(model).skinny_sizes == frozenset(range(4, 17))
+    assert TreeModel(model).skinny_sizes == frozenset(SKINNY_ROWS)

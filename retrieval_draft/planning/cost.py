@@ -6,7 +6,7 @@ accepted tokens per second depends on the device. ``VerifyCost`` measures
 the curve once per model and machine (``cost_file`` keeps it on disk), and
 ``TreePlanner.width`` picks the number of draft nodes that maximises expected
 tokens per second given the nodes' estimated acceptance probabilities. On CPU the
-measurement also times each probed size of 4-16 nodes with and without the
+measurement also times each probed size of 1-16 nodes with and without the
 skinny matmul (``skinny_linear.py``) and keeps, per size, whichever was faster.
 """
 
@@ -67,8 +67,8 @@ class VerifyCost:
 def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PROBE_CACHE_LEN, repeats: int = 1) -> VerifyCost:
     """Time tree forwards of ``sizes`` nodes after a ``cache_len``-token prompt (median of ``repeats``).
 
-    One untimed forward first takes the first-forward set-up; on a CPU each size is then
-    timed without a warm-up of its own (a GPU warms each new shape once).
+    Untimed forwards first take the first-forward set-up (one per matmul path); on a CPU each
+    size is then timed without a warm-up of its own (a GPU warms each new shape once).
 
     Runs the same path as decoding (``TreeModel.score_trees`` with a chain
     tree and its 4D mask), so the curve includes the mask's cost. Where the
@@ -83,8 +83,9 @@ def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PRO
     tree_model.prefill(torch.from_numpy(rng.integers(0, model.config.vocab_size, size=(1, cache_len))))
     kernel_possible = bool(tree_model.skinny_sizes)
     warmups = 0 if tree_model.device.type == "cpu" else 1
-    tree_model.skinny_sizes = frozenset()
-    time_chain(tree_model, sizes[0], rng, repeats=1, warmups=0)
+    for path in ([frozenset(), frozenset([sizes[0]])] if kernel_possible else [frozenset()]):
+        tree_model.skinny_sizes = path  # untimed: first-forward set-up, and the kernel's first call
+        time_chain(tree_model, sizes[0], rng, repeats=1, warmups=0)  # (loading it, starting its threads)
     times, kernel_wins = [], {}
     for size in sizes:
         tree_model.skinny_sizes = frozenset()
@@ -103,8 +104,9 @@ def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PRO
             tree_model.skinny_sizes = frozenset([sizes[i]]) if kernel_wins.get(sizes[i]) else frozenset()
             times[i] = min(times[i], time_chain(tree_model, sizes[i], rng, repeats, warmups))
     chosen = kernel_sizes(kernel_wins) if kernel_possible else None
-    tree_model.skinny_sizes = frozenset()
-    # One more single-token forward: far from the first one means the machine was busy meanwhile.
+    tree_model.skinny_sizes = chosen or frozenset()
+    # One more forward of the first size, on its chosen path: far from the first timing means the
+    # machine was busy meanwhile.
     settled = time_chain(tree_model, sizes[0], rng, repeats, warmups)
     steady = abs(settled - times[0]) <= 0.3 * times[0]
     return VerifyCost.from_points(sizes, times, max_nodes=max(sizes), skinny_sizes=chosen, steady=steady)

@@ -1,4 +1,4 @@
-"""A float32 CPU matmul for the 4 to 16 rows of a tree forward.
+"""A float32 CPU matmul for the 1 to 16 rows of a decode or tree forward.
 
 On this project's CPUs MKL multiplies one to three rows by a weight matrix
 at memory speed, but from four rows on it switches to a blocked GEMM that
@@ -25,9 +25,11 @@ import torch
 from numba import njit, prange
 
 # Tree sizes that may take the kernel (``cost.measure_cost`` times each probed size both ways and
-# keeps the faster). On the 2-core AVX-512 Xeon here, for SmolLM2-135M's 211 weight matrices:
+# keeps the faster, per machine). On a 2-core AVX-512 Xeon, for SmolLM2-135M's 211 weight matrices:
 # 1-3 rows MKL 21-23 ms, kernel 19-24 ms; 4 rows 36 vs 27 ms; 8 rows 45 vs 33 ms; 16 rows 51 vs 49 ms.
-SKINNY_ROWS = range(4, 17)
+# On a 2-core AMD EPYC, whole forwards after 256 tokens: 1 row MKL 59-69 ms, kernel 35-40 ms;
+# 2 rows 91-94 vs 39 ms; 3 rows 107-116 vs 42-50 ms; 4 rows 79-88 vs 43-47 ms (2026-11-24).
+SKINNY_ROWS = range(1, 17)
 
 
 @njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
