@@ -46,7 +46,7 @@ from retrieval_draft.planning.cost import ObservedCost, VerifyCost
 from retrieval_draft.planning.planner import TreePlanner
 
 # ms per forward over k new tokens after a 256-token cache, SmolLM2-135M, 2 cores, torch 2.13,
-# with the in-place KV cache, grouped tree attention and the skinny matmul for 4-15 nodes (then its range)
+# with the in-place KV cache, grouped tree attention and the skinny matmul for 4-15 nodes
 # (``retrieval_draft.planning.cost.measure_cost``, 5 repeats, 2026-11-22).
 DEFAULT_CURVE = VerifyCost.from_points(
     (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),

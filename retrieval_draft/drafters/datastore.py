@@ -7,7 +7,6 @@ beside a general one); ``store_specs`` checks its shape before anything is opene
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -94,8 +93,8 @@ def datastore_drafters(
     return make_drafters(kinds, DraftSources(store=store))
 
 
-def compile_store_drafters(store: Datastore) -> float:
-    """Run every store drafter once on ``store``'s own opening tokens; returns the seconds taken.
+def compile_store_drafters(store: Datastore) -> None:
+    """Run every store drafter once on ``store``'s own opening tokens.
 
     The query kernels are Numba functions cached on disk per argument types (uint16 or uint32
     token streams): compiled in the first ``generate`` that drafts from a store, they cost that
@@ -103,8 +102,6 @@ def compile_store_drafters(store: Datastore) -> float:
     2.7 s, plain ``generate`` 3.5 s). The store builder calls this after each build, so the
     compilation falls in the build instead.
     """
-    started = time.perf_counter()
-    context = np.asarray(store.tokens[: min(16, store.tokens.size)], dtype=np.int64)
+    context = np.asarray(store.tokens[:16], dtype=np.int64)
     for drafter in make_drafters(STORE_DRAFTERS, DraftSources(store=store)):
         drafter.propose(context, 8)
-    return time.perf_counter() - started

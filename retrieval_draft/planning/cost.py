@@ -21,7 +21,7 @@ from retrieval_draft.planning.timing import ForwardTimer
 from retrieval_draft.target.skinny_linear import SKINNY_ROWS
 
 # Probed tree sizes, one timed forward each: the first call of a process with no stored curve pays
-# for this (~1 s for SmolLM2-135M on 2 CPU cores; 12 sizes x 3 repeats took 8.7 s, longer than many
+# for this (~1.5 s for SmolLM2-135M on 2 CPU cores; 12 sizes x 3 repeats took 8.7 s, longer than many
 # whole generations, and made that first call slower than plain ``generate``). Sizes between
 # probes are interpolated, and ``ObservedCost`` corrects the curve from the forwards decoding times.
 PROBE_SIZES = (1, 2, 4, 8, 16, 32, 64)

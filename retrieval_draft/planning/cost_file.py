@@ -93,7 +93,7 @@ def write_cost(path: Path, key: dict, cost: VerifyCost) -> None:
 
 
 def load_or_measure_cost(model: torch.nn.Module) -> VerifyCost:
-    """The model's cost curve from the disk cache, else measured now (~1 s on CPU) and stored."""
+    """The model's cost curve from the disk cache, else measured now (~1.5 s on CPU) and stored."""
     key = cost_key(model)
     path = cost_path(key)
     cost = read_cost(path, key)

@@ -81,7 +81,6 @@ class TreeModel:
         self.next_pos = np.zeros(0, dtype=np.int64)
         self.length = 0  # T: cache slots in use (the longest row's end)
         self.dense = True  # every slot visible, slot j at position j; visible/slot_pos then unused
-        self._step_positions = np.zeros((0, 0), dtype=np.int64)  # (B, W) the last tree's position ids
 
     @property
     def rows(self) -> int:
@@ -164,16 +163,10 @@ class TreeModel:
                 past_key_values=self.cache,
                 use_cache=True,
             )
-        if self.dense:
-            self._step_positions = positions
-        else:
-            self._extend_rows(positions)
+        if not self.dense:  # the tree's slots, hidden until kept
+            self.visible = np.concatenate([self.visible, np.zeros((self.rows, width), dtype=bool)], axis=1)
+            self.slot_pos = np.concatenate([self.slot_pos, positions], axis=1)
         return out.logits.float()
-
-    def _extend_rows(self, positions: np.ndarray) -> None:
-        """Append a scored tree's (B, W) slots to ``visible`` (hidden until kept) and ``slot_pos``."""
-        self.visible = np.concatenate([self.visible, np.zeros(positions.shape, dtype=bool)], axis=1)
-        self.slot_pos = np.concatenate([self.slot_pos, positions], axis=1)
 
     def keep(self, nodes: list[np.ndarray]) -> None:
         """Keep, per row, the KV rows of tree ``nodes[i]`` (increasing, starting with root 0,
@@ -182,9 +175,11 @@ class TreeModel:
         base = self.length
         counts = [kept.shape[0] for kept in nodes]
         if self.dense and len(set(counts)) > 1:  # rows accepted unlike: gaps appear, write the rows out
-            self.visible = np.ones((self.rows, base), dtype=bool)
-            self.slot_pos = np.broadcast_to(np.arange(base), (self.rows, base)).copy()
-            self._extend_rows(self._step_positions)
+            # Every row ends at ``base`` and keeps its tokens from there, so slot j holds position j
+            # up to the longest row's end; the loop below hides each shorter row's tail.
+            length = base + max(counts)
+            self.visible = np.ones((self.rows, length), dtype=bool)
+            self.slot_pos = np.broadcast_to(np.arange(length), (self.rows, length)).copy()
             self.dense = False
         rows, sources, targets = [], [], []
         for row, kept in enumerate(nodes):
