@@ -27,8 +27,8 @@ from numba import njit, prange
 # Tree sizes that may take the kernel (``cost.measure_cost`` times each probed size both ways and
 # keeps the faster, per machine). On a 2-core AVX-512 Xeon, for SmolLM2-135M's 211 weight matrices:
 # 1-3 rows MKL 21-23 ms, kernel 19-24 ms; 4 rows 36 vs 27 ms; 8 rows 45 vs 33 ms; 16 rows 51 vs 49 ms.
-# On a 2-core AMD EPYC, whole forwards after 256 tokens: 1 row MKL 59-69 ms, kernel 35-40 ms;
-# 2 rows 91-94 vs 39 ms; 3 rows 107-116 vs 42-50 ms; 4 rows 79-88 vs 43-47 ms (2026-11-24).
+# On a 2-core AMD EPYC, whole forwards after 256 tokens (``tools.forward_cost``, 2026-11-24): 1 token
+# MKL 63.7 ms, kernel 39.1 ms; 2 tokens 101.4 vs 45.4 ms; 3 tokens 128.6 vs 48.1 ms; 4 tokens 90.6 vs 48.5 ms.
 SKINNY_ROWS = range(1, 17)
 
 
