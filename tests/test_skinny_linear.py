@@ -8,7 +8,7 @@ import torch
 
 from retrieval_draft.tree import DraftTree
 from retrieval_draft.planning.cost import kernel_sizes, measure_cost
-from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linear, skinny_linears, skinny_matmul
+from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_forwards, skinny_linear, skinny_linears, skinny_matmul
 from retrieval_draft.target.tree_model import TreeModel
 
 from .conftest import make_tiny_llama, random_prompt
@@ -44,10 +44,11 @@ def test_routing_is_scoped_and_skips_hooked_or_other_layers():
     hooked.forward = lambda x: x  # what an offloading hook looks like: an instance-level forward
     assert hooked not in eligible_linears(model)
     del hooked.forward
-    with skinny_linears(linears):
+    forwards = skinny_forwards(linears)
+    with skinny_linears(forwards):
         assert all("forward" in vars(m) for m in linears)
     assert not any("forward" in vars(m) for m in linears)
-    with pytest.raises(RuntimeError), skinny_linears(linears):
+    with pytest.raises(RuntimeError), skinny_linears(forwards):
         raise RuntimeError("inside")
     assert not any("forward" in vars(m) for m in linears)
 

@@ -6,8 +6,8 @@ reads SmolLM2-135M's weights at about half that speed: a forward over 8 new
 tokens spent 45 ms in ``aten::mm`` against 21 ms for 1 token. ``skinny_matmul``
 streams each weight row once and multiplies it with every input row while
 it sits in L1: 2 input rows by 4 weight rows per inner loop, split over
-threads by weight rows. ``skinny_linears(linears)`` routes a model's
-float32 ``nn.Linear`` layers through it for one forward on CPU; the sizes that
+threads by weight rows. ``skinny_linears(skinny_forwards(linears))`` routes a
+model's float32 ``nn.Linear`` layers through it for one forward on CPU; the sizes that
 use it are measured per model with the cost curve (``VerifyCost.skinny_sizes``).
 
 Results differ from MKL's by float32 rounding only (summation order); the
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from functools import partial
+from typing import Callable
 
 import numba
 import numpy as np
@@ -107,12 +108,25 @@ def skinny_matmul(x, w, out):  # pragma: no cover - compiled
 
 def skinny_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` through ``skinny_matmul``; x is (..., K) float32 on CPU, returns (..., N)."""
-    flat = x.reshape(-1, x.shape[-1]).contiguous()
-    out = torch.empty((flat.shape[0], module.out_features), dtype=torch.float32)
-    skinny_matmul(flat.numpy(), module.weight.detach().numpy(), out.numpy())
-    if module.bias is not None:
-        out += module.bias.detach()
-    return out.reshape(*x.shape[:-1], module.out_features)
+    return _linear_forward(module.weight.detach().numpy(), module.bias, x)
+
+
+def _linear_forward(weight: np.ndarray, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T + bias`` through ``skinny_matmul``: x is (..., K) float32 on CPU, weight
+    (N, K) float32 C-contiguous; returns (..., N).
+
+    A forward makes one call per linear layer (211 for SmolLM2-135M), so the
+    wrapping stays in numpy: reshaping and allocating through torch cost about
+    three times the kernel's own call overhead at one row.
+    """
+    rows = x.detach().numpy()
+    width = weight.shape[0]
+    out = np.empty(rows.shape[:-1] + (width,), dtype=np.float32)
+    skinny_matmul(np.ascontiguousarray(rows.reshape(-1, rows.shape[-1])), weight, out.reshape(-1, width))
+    result = torch.from_numpy(out)
+    if bias is not None:
+        result += bias.detach()
+    return result
 
 
 def eligible_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
@@ -130,22 +144,30 @@ def eligible_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
     return found
 
 
+def skinny_forwards(linears: list[torch.nn.Linear]) -> list[tuple[torch.nn.Linear, Callable]]:
+    """Each of ``linears`` (from ``eligible_linears``) with its forward through ``skinny_matmul``,
+    built once (a tree model holds them for its generation) and switched on by ``skinny_linears``."""
+    return [(module, partial(_linear_forward, module.weight.detach().numpy(), module.bias)) for module in linears]
+
+
 @contextmanager
-def skinny_linears(linears: list[torch.nn.Linear]):
-    """Within the block, ``linears`` (from ``eligible_linears``) compute through ``skinny_matmul``.
+def skinny_linears(forwards: list[tuple[torch.nn.Linear, Callable]]):
+    """Within the block, the layers of ``forwards`` (from ``skinny_forwards``) compute through
+    ``skinny_matmul``.
 
     The kernel runs on as many threads as torch is set to use (``torch.set_num_threads``).
     """
-    if not linears:  # the common case in the decode loop: nothing to switch
+    if not forwards:  # the common case in the decode loop: nothing to switch
         yield
         return
     threads = numba.get_num_threads()
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-    for module in linears:
-        module.forward = partial(skinny_linear, module)
+    # Written to the instances' __dict__: nn.Module.__setattr__ costs several times more, per layer and forward.
+    for module, forward in forwards:
+        module.__dict__["forward"] = forward
     try:
         yield
     finally:
-        for module in linears:
-            del module.forward
+        for module, _ in forwards:
+            del module.__dict__["forward"]
         numba.set_num_threads(threads)

@@ -44,7 +44,7 @@ from retrieval_draft.tree import DraftTree
 from retrieval_draft.target.attention_layout import CHAIN, attention_layout
 from retrieval_draft.target.chain_probe import probe_chain_forward
 from retrieval_draft.target.kv_cache import cut_back, model_cache
-from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linears
+from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_forwards, skinny_linears
 from retrieval_draft.target.transfer import to_device
 from retrieval_draft.target.tree_attention import sdpa_configs, tree_attention
 
@@ -72,7 +72,7 @@ class TreeModel:
             probe_chain_forward(model, self._fresh_cache, self.layout.takes_positions)
         self._sdpa_configs = sdpa_configs(model)
         self.grouped_attention = grouped_attention
-        self._skinny = eligible_linears(model) if self.device.type == "cpu" else []
+        self._skinny = skinny_forwards(eligible_linears(model)) if self.device.type == "cpu" else []
         self.skinny_sizes = frozenset(SKINNY_ROWS if skinny_sizes is None else skinny_sizes) if self._skinny else frozenset()
         self.cache = self._fresh_cache()
         self.visible = np.zeros((0, 0), dtype=bool)
