@@ -146,3 +146,18 @@ def test_quick_bench_marks_datastore_rows_without_datastore():
     assert unavailable_reason(SYSTEMS["oracle"], has_datastore=False, sampling=True) == "n/a (sampling)"
     assert unavailable_reason(SYSTEMS["history"], has_datastore=True, sampling=False) == "no history file (--history)"
     assert unavailable_reason(SYSTEMS["history"], has_datastore=False, sampling=False, has_history=True) is None
+
+
+def test_wall_speedup_is_hf_wall_over_the_systems_wall_prefill_included():
+    from tools.bench_report import derive
+
+    def run(system, wall, prompt="p"):
+        return {"workload": "long", "prompt_id": prompt, "system": system, "tokens_per_s": 10.0 / wall,
+                "wall_s": wall, "new_tokens": 10, "stats": None, "identical": True}
+
+    result = {"runs": [run("hf", 30.0), run("defaults", 15.0), run("hf", 40.0, "q"), run("defaults", 10.0, "q")],
+              "unavailable": {}}
+    derive(result)
+    walls = {(r["prompt_id"], r["system"]): r["wall_speedup"] for r in result["per_prompt"]}
+    assert walls == {("p", "hf"): 1.0, ("p", "defaults"): 2.0, ("q", "hf"): 1.0, ("q", "defaults"): 4.0}
+    assert result["summary"]["long"]["defaults"]["wall_speedup_geomean"] == round(8 ** 0.5, 4)  # geomean of 2 and 4, rounded as stored

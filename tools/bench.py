@@ -58,7 +58,7 @@ import torch
 
 from retrieval_draft.atomic import atomic_write_bytes
 from tools.bench_fresh import fresh_geomean, fresh_process_rows, readme_call
-from tools.bench_report import load_average, machine_info, markdown, per_prompt, plot, summarize
+from tools.bench_report import derive, load_average, machine_info, markdown, plot
 from tools.bench_systems import (
     SYSTEMS, ModelHandles, RunSetup, prefill_seconds, readme_datastore, run_system, unavailable_reason,
 )
@@ -92,7 +92,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, help="prompts per workload")
     p.add_argument("--workloads", default="code",
                    help=f"comma list of {','.join(WORKLOADS)}; 'code' = {','.join(CODE_WORKLOADS)} (default), "
-                        f"'text' = {','.join(TEXT_WORKLOADS)}, 'long' = whole-module edits, 'all' = code and text, "
+                        f"'text' = {','.join(TEXT_WORKLOADS)}, 'long' / 'long_raw' = whole-module edits (chat / raw), 'all' = code and text, "
                         f"'repo' = {','.join(REPO_WORKLOADS)} (held-out functions of installed packages; "
                         "the datastore systems pass datastore=[repo store, --datastore])")
     p.add_argument("--systems", help=f"comma list of {','.join(SYSTEMS)}")
@@ -284,10 +284,7 @@ def run(args: argparse.Namespace) -> dict:
     ]
     result["elapsed_s"] = round(time.perf_counter() - started, 1)
     result["runs"] = runs
-    result["per_prompt"] = per_prompt(runs)
-    result["summary"] = summarize(runs, result["per_prompt"])
-    for systems in result["summary"].values():
-        systems.update({name: {"status": reason} for name, reason in unavailable.items()})
+    derive(result)
     result["fresh_process"] = fresh_process(args, prompts, encoded)
     return result
 

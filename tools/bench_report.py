@@ -5,8 +5,10 @@ Definitions (the same for every system):
   fastest of three separate forward passes over the prompt (the decode time
   floored at a tenth of the wall, against a noisy prefill estimate);
 - per prompt: the median of the repeats' tokens/s; speedup = that median
-  over HF ``generate``'s median on the same prompt;
-- per workload: mean tokens/s over prompts, geometric mean of the speedups,
+  over HF ``generate``'s median on the same prompt; wall speed-up = HF's median
+  wall time over the system's, prefill included (what a long prompt's user waits);
+- per workload: mean tokens/s over prompts, geometric mean of the speedups (and of the
+  wall speed-ups),
   accepted tokens per step = all emitted tokens / all tree steps, drafting
   share = all drafting time / all decode time (our statistics), identical
   rate = share of runs whose output tensor equals HF greedy's;
@@ -95,9 +97,11 @@ def per_prompt(runs: list[dict], baseline: str = "hf") -> list[dict]:
     for run in runs:
         groups[(run["workload"], run["prompt_id"], run["system"])].append(run)
     medians = {key: statistics.median(r["tokens_per_s"] for r in rows) for key, rows in groups.items()}
+    walls = {key: statistics.median(r["wall_s"] for r in rows) for key, rows in groups.items()}
     rows = []
     for (workload, prompt_id, system), group in groups.items():
         base = medians.get((workload, prompt_id, baseline))
+        base_wall = walls.get((workload, prompt_id, baseline))
         rows.append(
             {
                 "workload": workload,
@@ -105,6 +109,7 @@ def per_prompt(runs: list[dict], baseline: str = "hf") -> list[dict]:
                 "system": system,
                 "tokens_per_s": round(medians[(workload, prompt_id, system)], 3),
                 "speedup": round(medians[(workload, prompt_id, system)] / base, 4) if base else None,
+                "wall_speedup": round(base_wall / walls[(workload, prompt_id, system)], 4) if base_wall else None,
                 "new_tokens": group[0]["new_tokens"],
                 "repeats": len(group),
             }
@@ -125,6 +130,14 @@ def summarize(runs: list[dict], prompt_rows: list[dict]) -> dict:
     return dict(out)
 
 
+def derive(result: dict) -> None:
+    """Set ``result``'s per-prompt rows and summary from its runs (unavailable systems say why)."""
+    result["per_prompt"] = per_prompt(result["runs"])
+    result["summary"] = summarize(result["runs"], result["per_prompt"])
+    for systems in result["summary"].values():
+        systems.update({name: {"status": reason} for name, reason in result["unavailable"].items()})
+
+
 def _summary(runs: list[dict], rows: list[dict]) -> dict:
     """Summary numbers over one set of runs and their per-prompt rows."""
     stats = [r["stats"] for r in runs if r["stats"]]
@@ -132,11 +145,13 @@ def _summary(runs: list[dict], rows: list[dict]) -> dict:
     decode = sum(s["decode_s"] for s in stats)
     identical = [r["identical"] for r in runs if r["identical"] is not None]
     speedups = [r["speedup"] for r in rows if r["speedup"]]
+    wall_speedups = [r["wall_speedup"] for r in rows if r.get("wall_speedup")]
     return {
         "prompts": len(rows),
         "runs": len(runs),
         "tokens_per_s": round(statistics.fmean(r["tokens_per_s"] for r in rows), 3) if rows else None,
         "speedup_geomean": round(geomean(speedups), 4) if speedups else None,
+        "wall_speedup_geomean": round(geomean(wall_speedups), 4) if wall_speedups else None,
         "mean_accepted": round(sum(s["step_tokens"] for s in stats) / steps, 3) if steps else None,
         "draft_share": round(sum(s["draft_s"] for s in stats) / decode, 4) if decode else None,
         "identical_rate": round(sum(identical) / len(identical), 4) if identical else None,
@@ -175,21 +190,23 @@ def _pct(value) -> str:
 def summary_table(result: dict) -> str:
     """The per-workload markdown table; unavailable systems say why."""
     lines = [
-        "| workload | system | decode tok/s | speedup vs HF (geomean) | accepted/step | drafting share | identical |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| workload | system | decode tok/s | speedup vs HF (geomean) | wall speed-up, prefill included | accepted/step "
+        "| drafting share | identical |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     labels = result["labels"]
     for workload, systems in result["summary"].items():
         for system in result["config"]["systems"]:
             reason = result["unavailable"].get(system)
             if reason:
-                lines.append(f"| {workload} | {labels[system]} | {reason} | {reason} | | | |")
+                lines.append(f"| {workload} | {labels[system]} | {reason} | {reason} | | | | |")
                 continue
             s = systems[system]
             rate = "n/a" if s["identical_rate"] is None else f"{100 * s['identical_rate']:.0f}%"
             lines.append(
                 f"| {workload} | {labels[system]} | {_fmt(s['tokens_per_s'], '.1f')} | "
-                f"{_fmt(s['speedup_geomean'], '.2f')}x | {_fmt(s['mean_accepted'], '.2f', '')} | "
+                f"{_fmt(s['speedup_geomean'], '.2f')}x | {_fmt(s.get('wall_speedup_geomean'), '.2f')}x | "
+                f"{_fmt(s['mean_accepted'], '.2f', '')} | "
                 f"{_pct(s['draft_share'])} | {rate} |"
             )
     return "\n".join(lines)
@@ -311,15 +328,18 @@ def plot(result: dict, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Re-render a saved JSON result: ``python -m tools.bench_report RESULT.json [--markdown P] [--png P]``."""
+    """Re-render a saved JSON result: ``python -m tools.bench_report RESULT.json [--markdown P] [--png P]
+    [--json P]`` (``--json``: write the result back with its summary derived again)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("result", help="JSON written by python -m tools.bench --json")
     parser.add_argument("--markdown", help="write the markdown report here (default: print it)")
     parser.add_argument("--png", help="write the chart here")
+    parser.add_argument("--json", help="write the result, summary derived again, here")
     args = parser.parse_args(argv)
     result = json.loads(Path(args.result).read_text(encoding="utf-8"))
+    derive(result)  # a result saved by an older report gains the newer summary columns
     report = markdown(result)
     if args.markdown:
         atomic_write_bytes(Path(args.markdown), report.encode("utf-8"))
@@ -327,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         print(report)
     if args.png:
         plot(result, args.png)
+    if args.json:
+        atomic_write_bytes(Path(args.json), (json.dumps(result, indent=1) + "\n").encode("utf-8"))
     return 0
 
 

@@ -7,6 +7,9 @@
 - ``chat``: open instructions with no supporting text (chat template).
 - ``long``: a whole standard-library module of 4.8-7k tokens (SmolLM2's tokenizer) with
   a request to edit it and print it all again (chat template): long contexts, mostly copied output.
+- ``long_raw``: the same modules as a raw continuation (the module, then a comment that
+  starts it again with type hints), for base models such as Gemma-3-270M, which have no
+  chat template; SmolLM2-135M-Instruct answers neither form with a copy.
 - general text (``bench_text_workloads``): ``translate``, ``summarize``, ``qa``,
   ``math``, ``rag`` (a long passage, then a question) and ``multiturn``.
 - repository completion (``bench_repo_workloads``): ``repo_raw`` and ``repo_chat``
@@ -33,7 +36,7 @@ from tools.bench_repo_workloads import REPO_WORKLOADS, repo_prompts
 from tools.bench_text_workloads import TEXT_WORKLOADS, text_prompts
 
 CODE_WORKLOADS = ("code_raw", "code_chat", "grounded", "chat")
-LONG_WORKLOADS = ("long",)
+LONG_WORKLOADS = ("long", "long_raw")
 WORKLOADS = CODE_WORKLOADS + TEXT_WORKLOADS + LONG_WORKLOADS + REPO_WORKLOADS
 
 # (module, qualified name or "" for the whole module file, request)
@@ -53,6 +56,9 @@ GROUNDED_SOURCES = (
 # Whole modules for the ``long`` workload, shortest first (SmolLM2 tokens: 4.8k, 5.4k, 5.7k, 6.0k, 6.1k).
 LONG_MODULES = ("textwrap", "wave", "gettext", "pprint", "contextlib")
 LONG_REQUEST = "Add type hints to every function signature, then print the whole module with them."
+# ``long_raw``: the module under a header, then the header of its edited copy (format with module=).
+LONG_RAW_HEAD = "# Module {module}.py, original:\n\n"
+LONG_RAW_TAIL = "\n\n# Module {module}.py again, with type hints added to every function signature:\n\n"
 
 CHAT_PROMPTS = (
     "Explain how a hash table works to a beginner.",
@@ -140,12 +146,17 @@ def grounded_prompts(n: int) -> list[BenchPrompt]:
     return prompts
 
 
-def long_prompts(n: int) -> list[BenchPrompt]:
-    """Edit-and-repeat requests over whole standard-library modules (first ``n``)."""
+def long_prompts(n: int, chat: bool = True) -> list[BenchPrompt]:
+    """Edit-and-repeat requests over whole standard-library modules (first ``n``): a chat
+    request (``long``) or a raw continuation (``long_raw``)."""
     prompts = []
     for module in LONG_MODULES[:n]:
-        text = f"{LONG_REQUEST}\n\n```python\n{stdlib_source(module, '')}```"
-        prompts.append(BenchPrompt("long", f"{module}.py", text, True))
+        source = stdlib_source(module, "")
+        if chat:
+            prompts.append(BenchPrompt("long", f"{module}.py", f"{LONG_REQUEST}\n\n```python\n{source}```", True))
+        else:
+            text = LONG_RAW_HEAD.format(module=module) + source + LONG_RAW_TAIL.format(module=module)
+            prompts.append(BenchPrompt("long_raw", f"{module}.py", text, False))
     return prompts
 
 
@@ -168,6 +179,7 @@ def build_workloads(names: list[str], n: int, seed: int, tokenizer=None) -> dict
         "grounded": lambda: grounded_prompts(n),
         "chat": lambda: chat_prompts(n),
         "long": lambda: long_prompts(n),
+        "long_raw": lambda: long_prompts(n, chat=False),
     }
     for workload in REPO_WORKLOADS:
         makers[workload] = lambda workload=workload: [
