@@ -105,6 +105,6 @@ def test_recurrent_models_are_refused_with_one_typed_line_before_any_forward():
                                                 state_size=4, bos_token_id=1, eos_token_id=2, pad_token_id=0)))
     calls = []
     model.register_forward_pre_hook(lambda *_: calls.append(1))
-    with pytest.raises(UnsupportedModelError, match="recurrent state") as refused:
+    with pytest.raises(UnsupportedModelError, match="recurrent") as refused:
         model.generate(_prompt(0), max_new_tokens=4, custom_generate=retrieval_draft.generate)
     assert "\n" not in str(refused.value) and calls == []

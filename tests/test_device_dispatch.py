@@ -24,6 +24,7 @@ from retrieval_draft.planning import cost
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.planning.timing import CUDA_EVENTS, HOST_CLOCK, SYNCHRONIZED, ForwardTimer, timing_mode
 from retrieval_draft.target.kv_cache import GrowingLayer
+from retrieval_draft.target.row_slots import RowSlots
 from retrieval_draft.target.skinny_linear import eligible_linears
 from retrieval_draft.target.transfer import pack, to_device, unpack
 from retrieval_draft.target.tree_model import TreeModel
@@ -76,7 +77,7 @@ def after_prompt(tree_model: TreeModel, rows: int, length: int, gaps: bool = Fal
     visible = np.ones((rows, length), dtype=bool)
     if gaps:
         visible[0, -2:] = False
-    tree_model.start_rows(visible, np.tile(np.arange(length), (rows, 1)))
+    tree_model.slots = RowSlots(visible, np.tile(np.arange(length), (rows, 1)))
     return tree_model
 
 
@@ -84,7 +85,7 @@ def inputs(tree_model: TreeModel, trees: list):
     """``_inputs`` for ``trees`` as ``score_trees`` calls it."""
     width = max(tree.size for tree in trees)
     tokens, depths, among = tree_model._pack(trees, width)
-    return tree_model._inputs(tokens, tree_model.next_pos[:, None] + depths, among, tree_model.dense, False)
+    return tree_model._inputs(tokens, tree_model.slots.next_pos[:, None] + depths, among, tree_model.slots.dense, False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -83,14 +83,15 @@ def test_a_dense_cache_leaves_row_visibility_alone_until_rows_accept_unlike():
     chain = DraftTree(tokens=np.array([7, 8, 9]), parents=np.array([-1, 0, 1]), depths=np.arange(3), probs=np.ones(3))
     tree_model.score_trees([chain, chain])
     tree_model.keep([np.array([0, 1]), np.array([0, 1])])
-    assert tree_model.dense and tree_model.visible.shape == (2, prompts.shape[1])  # untouched since prefill
+    slots = tree_model.slots
+    assert slots.dense and slots.visible.shape == (2, prompts.shape[1])  # untouched since prefill
     tree_model.score_trees([chain, chain])
     tree_model.keep([np.array([0, 1, 2]), np.array([0])])
-    assert not tree_model.dense
+    assert not slots.dense
     length = prompts.shape[1] + 2
     assert tree_model.length == length + 3
-    assert tree_model.visible[0].all() and tree_model.visible[1, : length + 1].all() and not tree_model.visible[1, length + 1 :].any()
-    assert tree_model.slot_pos[1, length] == length
+    assert slots.visible[0].all() and slots.visible[1, : length + 1].all() and not slots.visible[1, length + 1 :].any()
+    assert slots.slot_pos[1, length] == length
     step = DraftTree(tokens=np.array([12]), parents=np.array([-1]), depths=np.array([0]), probs=np.ones(1))
     got = tree_model.score_trees([step, step])[:, 0]
     with torch.no_grad():

@@ -43,6 +43,7 @@ from transformers import DynamicCache
 
 from retrieval_draft.atomic import atomic_write_bytes
 from retrieval_draft.memory import PluginMemory
+from retrieval_draft.target.attention_layout import attention_layout
 from tools.bench import encode
 from tools.bench_workloads import build_workloads
 
@@ -125,11 +126,12 @@ def draft_step_seconds(model, keep: list[int], ids: torch.Tensor, steps: int = 2
             layer.self_attn.layer_idx = position
         try:
             cache = DynamicCache()
-            out = model(ids, past_key_values=cache, use_cache=True)
+            cached = attention_layout(model).cache_kwargs(cache)
+            out = model(ids, **cached, use_cache=True)
             token = out.logits[:, -1:].argmax(-1)
             for _ in range(steps):
                 started = time.perf_counter()
-                out = model(token, past_key_values=cache, use_cache=True)
+                out = model(token, **cached, use_cache=True)
                 times.append(time.perf_counter() - started)
                 token = out.logits[:, -1:].argmax(-1)
         finally:

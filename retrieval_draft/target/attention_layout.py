@@ -61,6 +61,11 @@ class MaskKind:
         return (q - k) < self.span  # a sliding window: the last ``span`` positions, the query's own included
 
 
+# The keyword a model's forward takes its KV cache by, newest first: transformers 5.24 renamed
+# ``past_key_values`` to ``cache`` (the old name is deprecated there and goes in 5.40).
+CACHE_KEYWORDS = ("cache", "past_key_values")
+
+
 @dataclass(frozen=True)
 class AttentionLayout:
     """A model's attention rule for tree verification.
@@ -73,6 +78,8 @@ class AttentionLayout:
         takes_positions: ``forward`` accepts ``position_ids``.
         own_cache_kinds: cache layer kinds that keep transformers' own layer class (extra
             per-token state, cut back by the layer's ``crop``); empty for most models.
+        cache_name: the keyword ``forward`` takes its KV cache by: ``cache`` from
+            transformers 5.24, ``past_key_values`` before (deprecated there, removed in 5.40).
     """
 
     kinds: tuple[MaskKind, ...]
@@ -81,6 +88,7 @@ class AttentionLayout:
     chain_reason: str | None
     takes_positions: bool
     own_cache_kinds: tuple[str, ...] = ()
+    cache_name: str = "past_key_values"
 
     def verifiable(self, tree: "DraftTree") -> "DraftTree":
         """``tree`` as this model can score it: itself, or its best chain in chain mode."""
@@ -89,6 +97,10 @@ class AttentionLayout:
     def position_kwargs(self, positions: torch.Tensor) -> dict:
         """``position_ids=positions`` for models whose forward takes them (else nothing)."""
         return {"position_ids": positions} if self.takes_positions else {}
+
+    def cache_kwargs(self, cache) -> dict:
+        """``cache`` under the keyword this model's ``forward`` takes it by."""
+        return {self.cache_name: cache}
 
     @property
     def windowed(self) -> bool:
@@ -118,10 +130,11 @@ def attention_layout(model: torch.nn.Module) -> AttentionLayout:
     if getattr(config, "is_encoder_decoder", False):
         raise UnsupportedModelError(f"{name} is an encoder-decoder; only decoder-only LMs are supported")
     params = inspect.signature(model.forward).parameters
-    if "past_key_values" not in params:
+    cache_name = next((key for key in CACHE_KEYWORDS if key in params), None)
+    if cache_name is None:
         raise UnsupportedModelError(
-            f"{name} takes no KV cache (past_key_values): its recurrent state or full recomputation cannot be "
-            "cut back to accepted tokens"
+            f"{name} takes no KV cache (cache / past_key_values): its recurrent state or full recomputation cannot "
+            "be cut back to accepted tokens"
         )
     cache_kinds = cache_layer_kinds(config)
     recurrent = sorted(kind for kind in cache_kinds if kind in _RECURRENT_KINDS)
@@ -136,7 +149,8 @@ def attention_layout(model: torch.nn.Module) -> AttentionLayout:
     kinds, keyed, unknown = _mask_kinds(config, layer_types)
     own = sorted(cache_kinds & _OWN_CACHE_KINDS)
     reason = _chain_reason(config, params, unknown) or (f"its cache layers ({', '.join(own)}) keep extra state" if own else None)
-    return AttentionLayout(kinds, keyed, CHAIN if reason else TREE, reason, "position_ids" in params, tuple(own))
+    return AttentionLayout(kinds, keyed, CHAIN if reason else TREE, reason, "position_ids" in params, tuple(own),
+                           cache_name)
 
 
 def cache_layer_kinds(config) -> frozenset[str]:

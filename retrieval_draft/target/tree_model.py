@@ -7,31 +7,20 @@ One prompt is a batch of one. Models that cannot take a tree mask
 (``attention_layout``) score one chain per row, the tree's best path, with
 their own causal masking.
 
-Layout of the KV cache, shape (B, H_kv, T, d) per layer: every row's slots
-0..L-1 hold its (left-padded) prompt, then its kept tokens, then a gap up to
-T, the common length. Rows accept different numbers of tokens per step, so
-the gap differs by row; it is never copied, only hidden by the mask.
-
-- ``visible`` (B, T) bool: which slots a row's new tokens attend to (its
-  real prompt tokens and kept tokens; never padding, gaps or rejected nodes).
-- ``slot_pos`` (B, T) int64: the position id of each slot (sliding windows).
-- ``ends`` (B,): the slot after each row's last kept token; ``next_pos`` (B,):
-  the position id of each row's next token (its real tokens so far).
-
+Which cache slot holds which token in each row is ``RowSlots``' job
+(``row_slots``): prompts left-padded at slots 0..L-1, kept tokens after them,
+a gap per row up to the common length T, hidden by the mask and never copied.
 A step writes every row's tree at slots T..T+W-1 (trees padded to a common
 width W; dead slots see only the cache and themselves and are never kept),
-then ``keep`` moves each row's accepted rows down to its ``ends`` in place
-(only the accepted rows move, never the cache) and shortens T to the longest
-row. A finished row leaves the batch: the last row takes its place.
+then ``keep`` moves each row's accepted rows down to its end in place (only
+the accepted rows move, never the cache) and shortens T to the longest row.
+A finished row leaves the batch: the last row takes its place.
 
-While every slot is visible (one unpadded row, or rows of equal length that
-accepted alike), slot j holds position j in every row: the cache is "dense"
-(the ``dense`` flag, kept by ``keep`` and ``drop_rows``). Dense steps take the
+While the slots are dense (every slot visible, slot j at position j: one
+unpadded row, or rows of equal length that accepted alike), steps take the
 cheap branches of the one path: a lone root per row (or a chain) runs with the
-model's own causal mask, as plain decoding does, a tree's mask is built on the
-device, and ``visible`` / ``slot_pos`` are neither read nor extended (they are
-written out only when the cache stops being dense), so a step's host work does
-not grow with the cache.
+model's own causal mask, as plain decoding does, and a tree's mask is built on
+the device.
 """
 
 from __future__ import annotations
@@ -44,6 +33,7 @@ from retrieval_draft.tree import DraftTree
 from retrieval_draft.target.attention_layout import CHAIN, attention_layout
 from retrieval_draft.target.chain_probe import probe_chain_forward
 from retrieval_draft.target.kv_cache import cut_back, model_cache
+from retrieval_draft.target.row_slots import RowSlots
 from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_forwards, skinny_linears
 from retrieval_draft.target.transfer import to_device
 from retrieval_draft.target.tree_attention import sdpa_configs, tree_attention
@@ -69,22 +59,23 @@ class TreeModel:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         if self.layout.mode == CHAIN:
-            probe_chain_forward(model, self._fresh_cache, self.layout.takes_positions)
+            probe_chain_forward(model, self._fresh_cache, self.layout)
         self._sdpa_configs = sdpa_configs(model)
         self.grouped_attention = grouped_attention
         self._skinny = skinny_forwards(eligible_linears(model)) if self.device.type == "cpu" else []
         self.skinny_sizes = frozenset(SKINNY_ROWS if skinny_sizes is None else skinny_sizes) if self._skinny else frozenset()
         self.cache = self._fresh_cache()
-        self.visible = np.zeros((0, 0), dtype=bool)
-        self.slot_pos = np.zeros((0, 0), dtype=np.int64)
-        self.ends = np.zeros(0, dtype=np.int64)
-        self.next_pos = np.zeros(0, dtype=np.int64)
-        self.length = 0  # T: cache slots in use (the longest row's end)
-        self.dense = True  # every slot visible, slot j at position j; visible/slot_pos then unused
+        self.slots = RowSlots.empty()
 
     @property
     def rows(self) -> int:
-        return int(self.ends.shape[0])
+        """B, the rows in the batch."""
+        return self.slots.rows
+
+    @property
+    def length(self) -> int:
+        """T, the cache slots in use (the longest row's end)."""
+        return self.slots.length
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -110,23 +101,12 @@ class TreeModel:
             input_ids=input_ids.to(self.device),
             **({"attention_mask": mask.to(self.device)} if padded else {}),
             **self.layout.position_kwargs(positions.to(self.device)),
-            past_key_values=self.cache,
+            **self.layout.cache_kwargs(self.cache),
             use_cache=True,
             logits_to_keep=1,
         )
-        self.start_rows(mask.numpy().astype(bool), positions.numpy().astype(np.int64))
+        self.slots = RowSlots(mask.numpy().astype(bool), positions.numpy().astype(np.int64))
         return out.logits[:, -1].float()
-
-    def start_rows(self, visible: np.ndarray, slot_pos: np.ndarray) -> None:
-        """Take the row state of a cache whose slots are ``visible`` (B, T) bool, at positions
-        ``slot_pos`` (B, T) int64: what ``prefill`` leaves (and what tests of the mask
-        builders set up on a device without compute). Each row ends after its last visible slot."""
-        rows, length = visible.shape
-        self.visible, self.slot_pos, self.length = visible, slot_pos, int(length)
-        last = length - np.argmax(visible[:, ::-1], axis=1) if length else np.zeros(rows, dtype=np.int64)
-        self.ends = np.where(visible.any(axis=1), last, 0).astype(np.int64)
-        self.next_pos = visible.sum(axis=1).astype(np.int64)
-        self.dense = bool(visible.all())
 
     def verifiable(self, tree: DraftTree) -> DraftTree:
         """``tree`` as this model can score it (``AttentionLayout.verifiable``)."""
@@ -148,11 +128,12 @@ class TreeModel:
             raise InvalidInputError("this model verifies chains only: pass TreeModel.verifiable(tree)")
         width = max(tree.size for tree in trees)
         tokens, depths, among = self._pack(trees, width)
-        positions = self.next_pos[:, None] + depths  # (B, W)
+        positions = self.slots.next_pos[:, None] + depths  # (B, W)
         # Dense lone roots and chains see the whole cache through the model's own causal mask:
         # what plain decoding runs, and faster. Windowed layers need our mask for trees.
-        own_mask = self.dense and (chain or (width == 1 and not self.layout.windowed))
-        tokens_t, positions_t, mask = self._inputs(tokens, positions, among, self.dense, own_mask)
+        dense = self.slots.dense
+        own_mask = dense and (chain or (width == 1 and not self.layout.windowed))
+        tokens_t, positions_t, mask = self._inputs(tokens, positions, among, dense, own_mask)
         skinny = self._skinny if self.rows * width in self.skinny_sizes else []
         grouped = self._sdpa_configs if self.grouped_attention and not chain and not own_mask else []
         with tree_attention(grouped), skinny_linears(skinny):
@@ -160,48 +141,22 @@ class TreeModel:
                 input_ids=tokens_t,
                 **self.layout.position_kwargs(positions_t),
                 **({"attention_mask": mask} if mask is not None else {}),
-                past_key_values=self.cache,
+                **self.layout.cache_kwargs(self.cache),
                 use_cache=True,
             )
-        if not self.dense:  # the tree's slots, hidden until kept
-            self.visible = np.concatenate([self.visible, np.zeros((self.rows, width), dtype=bool)], axis=1)
-            self.slot_pos = np.concatenate([self.slot_pos, positions], axis=1)
+        self.slots.open(positions)
         return out.logits.float()
 
     def keep(self, nodes: list[np.ndarray]) -> None:
         """Keep, per row, the KV rows of tree ``nodes[i]`` (increasing, starting with root 0,
         a path from the root) after that row's kept tokens; hide the rest. Rows already in
         place (a dense row's accepted chain) are not copied."""
-        base = self.length
-        counts = [kept.shape[0] for kept in nodes]
-        if self.dense and len(set(counts)) > 1:  # rows accepted unlike: gaps appear, write the rows out
-            # Every row ends at ``base`` and keeps its tokens from there, so slot j holds position j
-            # up to the longest row's end; the loop below hides each shorter row's tail.
-            length = base + max(counts)
-            self.visible = np.ones((self.rows, length), dtype=bool)
-            self.slot_pos = np.broadcast_to(np.arange(length), (self.rows, length)).copy()
-            self.dense = False
-        rows, sources, targets = [], [], []
-        for row, kept in enumerate(nodes):
-            count = kept.shape[0]
-            start = int(self.ends[row])
-            target = np.arange(start, start + count)
-            if not self.dense:
-                self.visible[row, start:] = False
-                self.visible[row, target] = True
-                self.slot_pos[row, target] = self.next_pos[row] + np.arange(count)
-            moved = target != base + kept
-            if moved.any():
-                rows.append(np.full(int(moved.sum()), row))
-                sources.append(base + kept[moved])
-                targets.append(target[moved])
-            self.ends[row] += count
-            self.next_pos[row] += count
+        rows, sources, targets = self.slots.keep(nodes)
         if rows:  # tree mode only: every layer is a GrowingLayer
             b, s, t = to_device([np.concatenate(rows), np.concatenate(sources), np.concatenate(targets)], self.device)
             for layer in self.cache.layers:
                 layer.move(b, s, t)
-        self._truncate(int(self.ends.max()))
+        cut_back(self.cache, self.slots.length)
 
     def drop_rows(self, finished: list[int]) -> list[int]:
         """Remove batch rows ``finished`` (indices); returns, for each remaining row in its new
@@ -211,29 +166,19 @@ class TreeModel:
         order = list(range(self.rows))
         for row in sorted(finished, reverse=True):
             last = len(order) - 1
-            live = int(self.ends[last])
+            live = int(self.slots.ends[last])
             for layer in self.cache.layers:
                 layer.retire_row(row, live)
-            for name in ("ends", "next_pos") if self.dense else ("visible", "slot_pos", "ends", "next_pos"):
-                values = getattr(self, name)
-                values[row] = values[last]
-                setattr(self, name, values[:last])
+            self.slots.drop(row)
             order[row] = order[last]
             order.pop()
         if order:
-            self._truncate(int(self.ends.max()))
-            if not self.dense and self.visible.all():  # the rows left accepted alike
-                self.dense = True
+            self.slots.settle()
+            cut_back(self.cache, self.slots.length)
         return order
 
     def _fresh_cache(self):
         return model_cache(self.model.config, bool(self.layout.own_cache_kinds))
-
-    def _truncate(self, length: int) -> None:
-        cut_back(self.cache, length)
-        if not self.dense:
-            self.visible, self.slot_pos = self.visible[:, :length], self.slot_pos[:, :length]
-        self.length = length
 
     @staticmethod
     def _pack(trees: list[DraftTree], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -264,23 +209,24 @@ class TreeModel:
         ``AttentionLayout.masks``). A ``dense`` cache's part of it is built on the device.
         """
         rows, width = positions.shape
+        slots = self.slots
         if own_mask:
             moved = to_device([tokens, positions], self.device)
             return moved[0], moved[1], None
         if self.layout.mode == CHAIN:
-            slots = np.concatenate([self.visible, np.ones((rows, width), dtype=bool)], axis=1).astype(np.int64)
-            moved = to_device([tokens, positions, slots], self.device)
+            real = np.concatenate([slots.visible, np.ones((rows, width), dtype=bool)], axis=1).astype(np.int64)
+            moved = to_device([tokens, positions, real], self.device)
             return moved[0], moved[1], moved[2]
         if dense:  # slot j holds position j in every row, all visible
             tokens_t, positions_t, among_t = to_device([tokens, positions, among], self.device)
-            allowed = torch.ones((rows, width, self.length + width), dtype=torch.bool, device=self.device)
-            allowed[:, :, self.length :] = among_t
-            cache_pos = torch.arange(self.length, device=self.device).expand(rows, -1)
+            allowed = torch.ones((rows, width, slots.length + width), dtype=torch.bool, device=self.device)
+            allowed[:, :, slots.length :] = among_t
+            cache_pos = torch.arange(slots.length, device=self.device).expand(rows, -1)
             key_pos = torch.cat([cache_pos, positions_t], dim=1)
             return tokens_t, positions_t, self.layout.masks(allowed, positions_t, key_pos, self.dtype)
-        cache = np.broadcast_to(self.visible[:, None, :], (rows, width, self.length))
+        cache = np.broadcast_to(slots.visible[:, None, :], (rows, width, slots.length))
         allowed = np.concatenate([cache, among], axis=2)
-        key_pos = np.concatenate([self.slot_pos, positions], axis=1)
+        key_pos = np.concatenate([slots.slot_pos, positions], axis=1)
         tokens_t, positions_t, allowed_t, key_pos_t = to_device([tokens, positions, allowed, key_pos], self.device)
         return tokens_t, positions_t, self.layout.masks(allowed_t, positions_t, key_pos_t, self.dtype)
 
