@@ -34,7 +34,8 @@ TINY_SIZES = {
     "shared_intermediate_size": EXPERT_FFN, "expert_ffn_hidden_size": EXPERT_FFN,
     "shared_experts_intermediate_size": EXPERT_FFN,
     # vocabulary and positions
-    "vocab_size": VOCAB, "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": HEAD_DIM,
+    "vocab_size": VOCAB, "unpadded_vocab_size": VOCAB, "vocab_size_per_layer_input": VOCAB,
+    "hidden_size_per_layer_input": HEAD_DIM,
     "max_position_embeddings": POSITIONS, "n_positions": POSITIONS, "n_ctx": POSITIONS, "max_seq_len": POSITIONS,
     "original_max_position_embeddings": POSITIONS,
     # mixture of experts

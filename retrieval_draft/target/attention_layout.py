@@ -23,6 +23,7 @@ judged by the cache layer kinds transformers' own ``DynamicCache`` would create)
 from __future__ import annotations
 
 import inspect
+import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -136,6 +137,12 @@ def attention_layout(model: torch.nn.Module) -> AttentionLayout:
             f"{name} takes no KV cache (cache / past_key_values): its recurrent state or full recomputation cannot "
             "be cut back to accepted tokens"
         )
+    own_class = _own_cache_class(params[cache_name])
+    if own_class is not None:
+        raise UnsupportedModelError(
+            f"{name} keeps its own cache ({own_class}), not a per-token KV cache: its recurrent state cannot be cut "
+            "back to accepted tokens"
+        )
     cache_kinds = cache_layer_kinds(config)
     recurrent = sorted(kind for kind in cache_kinds if kind in _RECURRENT_KINDS)
     if recurrent:
@@ -151,6 +158,18 @@ def attention_layout(model: torch.nn.Module) -> AttentionLayout:
     reason = _chain_reason(config, params, unknown) or (f"its cache layers ({', '.join(own)}) keep extra state" if own else None)
     return AttentionLayout(kinds, keyed, CHAIN if reason else TREE, reason, "position_ids" in params, tuple(own),
                            cache_name)
+
+
+def _own_cache_class(param: inspect.Parameter) -> str | None:
+    """The name of the cache class ``forward`` declares for its cache argument when that class is
+    not a transformers ``Cache`` (xLSTM's ``xLSTMCache`` holds recurrent state); None when it is
+    one, or when the annotation names no ``...Cache`` class (tensors, tuples, a string)."""
+    from transformers.cache_utils import Cache
+
+    annotation = param.annotation
+    members = typing.get_args(annotation) or (annotation,)
+    own = [m for m in members if isinstance(m, type) and m.__name__.endswith("Cache") and not issubclass(m, Cache)]
+    return own[0].__name__ if own else None
 
 
 def cache_layer_kinds(config) -> frozenset[str]:
