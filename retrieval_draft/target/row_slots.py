@@ -16,7 +16,7 @@ While every slot is visible (one unpadded row, or rows of equal length that
 accepted alike), slot j holds position j in every row: the slots are
 ``dense``, and ``visible`` / ``slot_pos`` are neither read nor extended, so a
 step's host work does not grow with the cache. They are written out when rows
-first accept unlike, and dropped again when the rows left are alike.
+first accept unlike, and go unread again once the rows left see every slot.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ class RowSlots:
 
     @property
     def rows(self) -> int:
+        """B, the rows kept."""
         return int(self.ends.shape[0])
 
     def open(self, positions: np.ndarray) -> None:
