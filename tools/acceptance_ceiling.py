@@ -6,16 +6,16 @@ For each benchmark prompt it generates greedily through the README call
 (identical to HF greedy; one model handle per workload as in ``tools.bench``;
 the plugin's ``DecodeStats`` give the tokens per step it reached), then runs
 one forward over prompt + output for the model's top-k next tokens at every
-position. It then replays decoding step by step with
-idealised drafters and counts tokens per step (accepted drafts plus the bonus
-token) as if every drafted node were verified, with no cost-based pruning:
+position. It then replays decoding step by step with the plugin's own drafter
+classes, uncalibrated, and counts tokens per step (accepted drafts plus the
+bonus token) as if every drafted node were verified, with no cost-based pruning:
 
-- ``lookup``: the continuation (up to 16 tokens) after the latest earlier
-  occurrence of the longest suffix (4 tokens down to 1) of the text so far,
-  prompt included: prompt lookup, or a suffix match over context and output;
-- ``recycle N``: a best-first tree of N nodes grown from the last token through a
-  first-order table of the model's top-k successors (k=4 unless named), each
-  recorded when its position was verified: Token Recycling's table;
+- ``lookup``: ``PromptLookupDrafter`` with one branch: the continuation (up to 16
+  tokens) after the latest earlier occurrence of the longest suffix (4 tokens
+  down to 1) of the text so far, prompt included;
+- ``recycle N``: ``RecyclingDrafter``'s best-first tree of N nodes from the last
+  token through its table of the model's top-k successors (k=4 unless named),
+  each recorded when its position was verified: Token Recycling's table;
 - ``lookup + recycle N``: both, a step accepting the longer match.
 
 It also counts the steps whose first token no drafter had ("first miss").
@@ -33,15 +33,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import heapq
 import json
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from retrieval_draft.atomic import atomic_write_bytes
+from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
+from retrieval_draft.drafters.recycling import RecyclingDrafter
 
 LOOKUP_MATCH = 4  # longest suffix matched, tokens
 DRAFT_LEN = 16  # longest draft path, tokens
@@ -56,46 +56,6 @@ DRAFT_SETS = (
 )
 
 
-def lookup_draft(tokens: np.ndarray, end: int, max_match: int = LOOKUP_MATCH, max_len: int = DRAFT_LEN) -> np.ndarray:
-    """What followed the latest earlier occurrence of the longest suffix of ``tokens[:end]``
-    (``max_match`` tokens down to 1), at most ``max_len`` tokens and never past ``end``;
-    empty when no suffix recurs. ``tokens``: shape (T,) ids."""
-    for n in range(min(max_match, end - 1), 0, -1):
-        suffix = tokens[end - n : end]
-        for start in range(end - n - 1, -1, -1):
-            if np.array_equal(tokens[start : start + n], suffix):
-                return tokens[start + n : min(start + n + max_len, end)]
-    return tokens[:0]
-
-
-@dataclass
-class RecycledTable:
-    """Token -> the model's top-k next tokens and probabilities at its last verified occurrence."""
-
-    k: int
-    rows: dict = field(default_factory=dict)
-
-    def record(self, token: int, ids: np.ndarray, probs: np.ndarray) -> None:
-        self.rows[int(token)] = (ids[: self.k], probs[: self.k])
-
-    def tree(self, root: int, nodes: int, max_len: int = DRAFT_LEN) -> list[tuple[int, ...]]:
-        """The ``nodes`` most probable paths (by product of recorded probabilities) below ``root``."""
-        frontier: list[tuple[float, tuple[int, ...]]] = []
-        self._push(frontier, root, (), 1.0)
-        paths: list[tuple[int, ...]] = []
-        while frontier and len(paths) < nodes:
-            negative, path = heapq.heappop(frontier)
-            paths.append(path)
-            if len(path) < max_len:
-                self._push(frontier, path[-1], path, -negative)
-        return paths
-
-    def _push(self, frontier: list, token: int, path: tuple[int, ...], prob: float) -> None:
-        if token in self.rows:
-            for successor, p in zip(*self.rows[token]):
-                heapq.heappush(frontier, (-prob * float(p), path + (int(successor),)))
-
-
 def matched(draft, truth: np.ndarray) -> int:
     """Leading tokens of ``draft`` equal to ``truth``'s."""
     n = 0
@@ -105,25 +65,30 @@ def matched(draft, truth: np.ndarray) -> int:
 
 
 def replay(tokens: np.ndarray, prompt_len: int, top_ids: np.ndarray, top_probs: np.ndarray,
-           use_lookup: bool, table: RecycledTable | None, nodes: int) -> tuple[int, int, int]:
+           use_lookup: bool, recycled: RecyclingDrafter | None) -> tuple[int, int, int]:
     """Replay the greedy decoding of ``tokens[prompt_len:]`` with ideal verification.
 
     ``top_ids`` / ``top_probs``: shape (T, k'), the model's top-k' next tokens and
-    probabilities after each position (k' >= the table's k). ``table`` (carried
-    between prompts by the caller) is read before each step and updated with the
-    positions the step verified. Returns (steps, tokens emitted, first misses).
+    probabilities after each position (k' >= the drafter's k). ``recycled`` (carried
+    between prompts by the caller, its ``max_nodes`` the tree size) drafts before each
+    step and records the positions the step verified. Returns (steps, tokens emitted,
+    first misses).
     """
+    lookup = PromptLookupDrafter(max_ngram=LOOKUP_MATCH, max_branches=1) if use_lookup else None
     steps = emitted = first_misses = 0
     position = prompt_len - 1  # the last token the model has seen; the step predicts what follows it
     while position < len(tokens) - 1:
-        truth = tokens[position + 1 :]
-        best = matched(lookup_draft(tokens, position + 1), truth) if use_lookup else 0
-        if table is not None and nodes:
-            best = max([best] + [matched(path, truth) for path in table.tree(int(tokens[position]), nodes)])
+        context, truth = tokens[: position + 1], tokens[position + 1 :]
+        drafts = (lookup.propose(context, DRAFT_LEN) if lookup else []) + (
+            recycled.propose(context, DRAFT_LEN) if recycled else [])
+        best = max([0] + [matched(draft.tokens, truth) for draft in drafts])
         step = min(best + 1, len(truth))
-        if table is not None:
-            for i in range(position, position + step):
-                table.record(tokens[i], top_ids[i], top_probs[i])
+        if recycled is not None:
+            verified = slice(position, position + step)
+            k = recycled.k
+            columns = np.concatenate([top_ids[verified, :k].astype(np.int32),
+                                      top_probs[verified, :k].astype(np.float32).view(np.int32)], axis=1)
+            recycled.tree_receive(tokens[verified], columns)
         steps, emitted, first_misses = steps + 1, emitted + step, first_misses + (best == 0)
         position += step
     return steps, emitted, first_misses
@@ -166,11 +131,12 @@ def ceilings(records: list[dict]) -> dict[str, dict[str, float]]:
     for workload in workloads:
         group = [r for r in records if r["workload"] == workload]
         row = {"plugin (measured)": sum(r["plugin"][0] for r in group) / sum(r["plugin"][1] for r in group)}
+        vocab = max(int(max(r["tokens"].max(), r["top_ids"].max())) for r in group) + 1
         for column, use_lookup, nodes, k in DRAFT_SETS:
-            recycled = RecycledTable(k) if nodes else None
+            recycled = RecyclingDrafter(vocab, k=k, max_nodes=nodes) if nodes else None
             steps = emitted = misses = 0
             for r in group:
-                s, e, m = replay(r["tokens"], r["prompt_len"], r["top_ids"], r["top_probs"], use_lookup, recycled, nodes)
+                s, e, m = replay(r["tokens"], r["prompt_len"], r["top_ids"], r["top_probs"], use_lookup, recycled)
                 steps, emitted, misses = steps + s, emitted + e, misses + m
             row[column] = emitted / steps
             row["first miss, " + column] = misses / steps

@@ -145,7 +145,7 @@ def _summary(runs: list[dict], rows: list[dict]) -> dict:
     decode = sum(s["decode_s"] for s in stats)
     identical = [r["identical"] for r in runs if r["identical"] is not None]
     speedups = [r["speedup"] for r in rows if r["speedup"]]
-    wall_speedups = [r["wall_speedup"] for r in rows if r.get("wall_speedup")]
+    wall_speedups = [r["wall_speedup"] for r in rows if r["wall_speedup"]]
     return {
         "prompts": len(rows),
         "runs": len(runs),
@@ -205,7 +205,7 @@ def summary_table(result: dict) -> str:
             rate = "n/a" if s["identical_rate"] is None else f"{100 * s['identical_rate']:.0f}%"
             lines.append(
                 f"| {workload} | {labels[system]} | {_fmt(s['tokens_per_s'], '.1f')} | "
-                f"{_fmt(s['speedup_geomean'], '.2f')}x | {_fmt(s.get('wall_speedup_geomean'), '.2f')}x | "
+                f"{_fmt(s['speedup_geomean'], '.2f')}x | {_fmt(s['wall_speedup_geomean'], '.2f')}x | "
                 f"{_fmt(s['mean_accepted'], '.2f', '')} | "
                 f"{_pct(s['draft_share'])} | {rate} |"
             )
