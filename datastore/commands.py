@@ -101,7 +101,7 @@ def _compile_query_kernels(path) -> None:
 
 
 def _tokenizer(args):
-    from retrieval_draft.target.models import load_tokenizer
+    from retrieval_draft.model.models import load_tokenizer
 
     return load_tokenizer(args.tokenizer or args.model)
 

@@ -29,9 +29,9 @@ from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.hf_options import ScoreRecorder, build_output, check_options, padded_sequences, score_recorder
 from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
-from retrieval_draft.target.generate_kwargs import eos_token_ids, pad_token_id, receives_generate_kwargs
-from retrieval_draft.target.row_processors import row_processors
-from retrieval_draft.target.tree_model import TreeModel, context_limit, validate_inputs
+from retrieval_draft.model.generate_kwargs import eos_token_ids, pad_token_id, receives_generate_kwargs
+from retrieval_draft.model.row_processors import row_processors
+from retrieval_draft.model.tree_model import TreeModel, context_limit, validate_inputs
 
 if TYPE_CHECKING:
     from retrieval_draft.store.reader import Datastore

@@ -6,7 +6,7 @@
   SynthID watermarking) or that ask for another speculative method.
 - Passed on: ``generate``'s ``tokenizer`` (for ``stop_strings``) and
   ``assistant_model``, which transformers 5.x drops for callables
-  (``target.generate_kwargs`` puts them back).
+  (``model.generate_kwargs`` puts them back).
 - Returned: with ``return_dict_in_generate`` HF's ``GenerateDecoderOnlyOutput``,
   with per-token scores / logits when asked (``ScoreRecorder``).
 """

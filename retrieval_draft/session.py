@@ -143,7 +143,7 @@ def load_session(model_path: str | None = None, datastore_path: str | Sequence[s
     """Load model and tokenizer (default SmolLM2-135M) and, optionally, datastores to draft from
     (one path or a list; bad paths are refused before the model loads)."""
     from retrieval_draft.drafters.datastore import store_specs
-    from retrieval_draft.target.models import load_model, load_tokenizer
+    from retrieval_draft.model.models import load_model, load_tokenizer
 
     specs = store_specs(datastore_path) if datastore_path is not None else []
     tokenizer = load_tokenizer(model_path)

@@ -1,9 +1,9 @@
-"""tools.acceptance_ceiling's replay: ideal step counting with the plugin's lookup and recycling drafters."""
+"""tools.diagnostics.acceptance_ceiling's replay: ideal step counting with the plugin's lookup and recycling drafters."""
 
 import numpy as np
 
 from retrieval_draft.drafters.recycling import RecyclingDrafter
-from tools.acceptance_ceiling import ceilings, replay
+from tools.diagnostics.acceptance_ceiling import ceilings, replay
 
 
 def test_replay_counts_steps_as_ideal_verification_would():

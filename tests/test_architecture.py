@@ -43,13 +43,13 @@ def test_the_builder_imports_the_runtime_by_its_installed_names_only():
 
 
 # Layer -> the runtime modules it must never import. Layers run bottom to top: the shared value
-# types (draft.py, tree.py), store, target, drafters, planning, decode, the plugin (hf*.py, session.py).
+# types (draft.py, tree.py), store, model, drafters, planning, decode, the plugin (hf*.py, session.py).
 PLUGIN = {"hf", "hf_options", "session", "cli"}
 FORBIDDEN = {
-    "draft.py": {"drafters", "store", "target", "planning", "decode", "memory"} | PLUGIN,
-    "tree.py": {"drafters", "store", "target", "planning", "decode", "memory"} | PLUGIN,
-    "store": {"drafters", "target", "planning", "decode", "memory"} | PLUGIN,
-    "target": {"drafters", "planning", "decode", "memory"} | PLUGIN,
+    "draft.py": {"drafters", "store", "model", "planning", "decode", "memory"} | PLUGIN,
+    "tree.py": {"drafters", "store", "model", "planning", "decode", "memory"} | PLUGIN,
+    "store": {"drafters", "model", "planning", "decode", "memory"} | PLUGIN,
+    "model": {"drafters", "planning", "decode", "memory"} | PLUGIN,
     "drafters": {"planning", "decode"} | PLUGIN,
     "planning": {"decode"} | PLUGIN,
     "decode": PLUGIN,
@@ -71,7 +71,7 @@ def test_imports_run_one_way_down_the_layers():
 
 def test_the_folders_name_the_architecture():
     for module in ("decode/engine.py", "decode/verify.py", "tree.py", "draft.py", "planning/planner.py",
-                   "target/tree_model.py", "store/reader.py", "drafters/registry.py", "config.py", "memory.py"):
+                   "model/tree_model.py", "store/reader.py", "drafters/registry.py", "config.py", "memory.py"):
         assert (RUNTIME / module).is_file(), module
 
 
@@ -102,3 +102,10 @@ def test_no_module_level_mutable_state_outside_the_documented_objects():
         relative = path.relative_to(RUNTIME).as_posix()
         found.extend((relative, name) for name in _module_level_mutables(path) if (relative, name) not in ALLOWED_STATE)
     assert found == []
+
+
+def test_tools_stand_in_rooms_and_never_import_the_tests():
+    flat = sorted(path.name for path in (REPO / "tools").glob("*.py"))
+    assert len(flat) <= 8, flat
+    for path in (REPO / "tools").rglob("*.py"):
+        assert "tests" not in {_top(name) for name in _imports(path)}, path

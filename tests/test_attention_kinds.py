@@ -9,7 +9,7 @@ from transformers import (BloomConfig, BloomForCausalLM, Llama4ForCausalLM, Llam
 
 import retrieval_draft
 from retrieval_draft.errors import UnsupportedModelError
-from retrieval_draft.target.attention_layout import CHAIN, CHUNKED, SLIDING, TREE, attention_layout
+from retrieval_draft.model.attention_layout import CHAIN, CHUNKED, SLIDING, TREE, attention_layout
 
 SPAN = 8
 TINY = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -8,8 +8,8 @@ import torch
 
 import retrieval_draft
 from retrieval_draft.errors import InvalidInputError, ModelLoadError
-from retrieval_draft.target.attention_layout import CHAIN, attention_layout
-from retrieval_draft.target.models import load_model
+from retrieval_draft.model.attention_layout import CHAIN, attention_layout
+from retrieval_draft.model.models import load_model
 from tests.conftest import make_tiny_llama, random_prompt
 
 

@@ -23,7 +23,7 @@ from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.planning.planner import TreePlanner
-from retrieval_draft.target.tree_model import TreeModel
+from retrieval_draft.model.tree_model import TreeModel
 from tests.conftest import TINY_VOCAB, RandomDrafter, make_tiny_llama, random_prompt
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import retrieval_draft
-from tools import bench
-from tools.bench_fresh import first_call_command, fresh_process_rows, fresh_table
-from tools.bench_systems import SYSTEMS, ModelHandles, RunSetup, generate_kwargs, run_system
-from tools.bench_workloads import BenchPrompt
+from tools.bench import run as bench
+from tools.bench.fresh import first_call_command, fresh_process_rows, fresh_table
+from tools.bench.systems import SYSTEMS, ModelHandles, RunSetup, generate_kwargs, run_system
+from tools.bench.workloads import BenchPrompt
 
 from .conftest import TINY_VOCAB, make_tiny_llama, random_prompt
 
@@ -77,7 +77,7 @@ def test_parse_args_quick_skips_the_fresh_process_and_full_measures_it(tmp_path)
 def test_first_call_command_passes_the_datastore_to_ours_only():
     args = argparse.Namespace(max_new_tokens=8, model=None, threads=2, sampling=False, temperature=0.7, seed=0)
     ours, plain = first_call_command("ours", args, STORE), first_call_command("hf", args, STORE)
-    assert ours[:3] == [sys.executable, "-m", "tools.first_call"]
+    assert ours[:3] == [sys.executable, "-m", "tools.bench.first_call"]
     assert ours[ours.index("--datastore") + 1] == STORE and "--datastore" not in plain
 
 
@@ -126,7 +126,7 @@ def test_the_no_recycle_diagnostic_is_the_defaults_less_recycling_and_stays_iden
 
 
 def test_text_workloads_build_chat_prompts_and_multiturn_encodes_every_turn():
-    from tools.bench_workloads import TEXT_WORKLOADS, build_workloads
+    from tools.bench.workloads import TEXT_WORKLOADS, build_workloads
 
     workloads = build_workloads(list(TEXT_WORKLOADS), 5, seed=0)
     assert all(len(prompts) == 5 and all(p.chat and p.text for p in prompts) for prompts in workloads.values())

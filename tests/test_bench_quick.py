@@ -97,7 +97,7 @@ def test_quick_bench_writes_chart_and_states_machine(quick_result):
 
 def test_report_puts_fresh_process_rows_beside_the_speedups(quick_result, tmp_path):
     """A result with fresh-process rows renders them in the speedup table, their own table and the chart."""
-    from tools.bench_report import markdown, plot
+    from tools.bench.report import markdown, plot
 
     result, _, _ = quick_result
     timing = {"import_s": 3.0, "load_s": 14.0, "new_tokens": 32, "stats": None}
@@ -121,9 +121,9 @@ def test_fresh_process_first_call_on_smollm2():
 
     import torch
 
-    from retrieval_draft.target.models import load_tokenizer
-    from tools.bench_fresh import fresh_process_rows
-    from tools.bench_workloads import BenchPrompt
+    from retrieval_draft.model.models import load_tokenizer
+    from tools.bench.fresh import fresh_process_rows
+    from tools.bench.workloads import BenchPrompt
 
     prompt = BenchPrompt("code_raw", "fib", "def fibonacci(n):\n", False)
     ids = torch.tensor([load_tokenizer()(prompt.text)["input_ids"]])
@@ -137,7 +137,7 @@ def test_fresh_process_first_call_on_smollm2():
 
 def test_quick_bench_marks_datastore_rows_without_datastore():
     """Asking for datastore systems without --datastore reports them as unavailable, not numbers."""
-    from tools.bench_systems import SYSTEMS, unavailable_reason
+    from tools.bench.systems import SYSTEMS, unavailable_reason
 
     assert unavailable_reason(SYSTEMS["datastore"], has_datastore=False, sampling=False) == "no datastore"
     assert unavailable_reason(SYSTEMS["datastore"], has_datastore=True, sampling=False) is None
@@ -149,7 +149,7 @@ def test_quick_bench_marks_datastore_rows_without_datastore():
 
 
 def test_wall_speedup_is_hf_wall_over_the_systems_wall_prefill_included():
-    from tools.bench_report import derive
+    from tools.bench.report import derive
 
     def run(system, wall, prompt="p"):
         return {"workload": "long", "prompt_id": prompt, "system": system, "tokens_per_s": 10.0 / wall,

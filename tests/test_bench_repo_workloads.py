@@ -11,8 +11,8 @@ import retrieval_draft_datastore.repo_store as repo_store_module
 from retrieval_draft.store.manifest import read_manifest
 from retrieval_draft_datastore.repo_cache import load_previous
 from tests.datastore_fixtures import bpe_tokenizer
-from tools.bench_repo_workloads import RepoSource, held_out_functions, package_dir, repo_prompts
-from tools.bench_systems import readme_datastore
+from tools.bench.repo_workloads import RepoSource, held_out_functions, package_dir, repo_prompts
+from tools.bench.systems import readme_datastore
 
 SMALL = (RepoSource("pluggy", "_manager.py"),)  # a small pure-Python package of the venv (~75 kB)
 

@@ -126,7 +126,7 @@ def test_cli_build_inspect_stats_and_merge(tmp_path, corpus, capsys):
 
 def test_real_smollm2_tokenizer_builds_and_drafts(tmp_path, corpus):
     from retrieval_draft.drafters.datastore import datastore_drafters
-    from retrieval_draft.target.models import load_tokenizer
+    from retrieval_draft.model.models import load_tokenizer
 
     tokenizer = load_tokenizer()
     assert len(tokenizer) == 49152

@@ -140,7 +140,7 @@ def test_counts_beyond_16_bits_are_scaled_within_a_few_1e_5_of_every_probability
 
 
 def test_the_store_comparison_tool_finds_the_formats_draft_alike_and_v3_smaller(stores):
-    from tools.datastore_numbers import compare_stores
+    from tools.checks.datastore_numbers import compare_stores
 
     paths, _ = stores
     rows = compare_stores([paths[2], paths[3]])

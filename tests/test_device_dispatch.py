@@ -23,11 +23,11 @@ from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.planning import cost
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.planning.timing import CUDA_EVENTS, HOST_CLOCK, SYNCHRONIZED, ForwardTimer, timing_mode
-from retrieval_draft.target.kv_cache import GrowingLayer
-from retrieval_draft.target.row_slots import RowSlots
-from retrieval_draft.target.skinny_linear import eligible_linears
-from retrieval_draft.target.transfer import pack, to_device, unpack
-from retrieval_draft.target.tree_model import TreeModel
+from retrieval_draft.model.kv_cache import GrowingLayer
+from retrieval_draft.model.row_slots import RowSlots
+from retrieval_draft.model.skinny_linear import eligible_linears
+from retrieval_draft.model.transfer import pack, to_device, unpack
+from retrieval_draft.model.tree_model import TreeModel
 from tests.conftest import make_tiny_llama, random_prompt
 
 META = torch.device("meta")

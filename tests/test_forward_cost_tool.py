@@ -1,12 +1,12 @@
-"""tools.forward_cost: each variant switches off what it names, and the tables fill."""
+"""tools.diagnostics.forward_cost: each variant switches off what it names, and the tables fill."""
 
 from __future__ import annotations
 
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from retrieval_draft.target.kv_cache import GrowingLayer
-from tools.forward_cost import VARIANTS, forward_table, markdown, matmul_table, prepared
+from retrieval_draft.model.kv_cache import GrowingLayer
+from tools.diagnostics.forward_cost import VARIANTS, forward_table, markdown, matmul_table, prepared
 
 from .conftest import make_tiny_llama, random_prompt
 

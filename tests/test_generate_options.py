@@ -26,7 +26,7 @@ REAL_VOCAB = 49152  # SmolLM2's tokenizer
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from retrieval_draft.target.models import load_tokenizer
+    from retrieval_draft.model.models import load_tokenizer
 
     return load_tokenizer()
 

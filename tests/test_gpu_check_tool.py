@@ -27,7 +27,7 @@ def test_a_quick_cpu_run_holds_the_exactness_rule_and_writes_a_cost_curve(tmp_pa
 
 def test_the_tool_and_the_runtime_import_without_datrie_or_gguf():
     probe = (
-        "import sys, tools.gpu_check, retrieval_draft, retrieval_draft.target.tree_model, retrieval_draft.planning.cost; "
+        "import sys, tools.gpu_check, retrieval_draft, retrieval_draft.model.tree_model, retrieval_draft.planning.cost; "
         "print(sorted(m for m in ('datrie', 'gguf') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -28,7 +28,7 @@ from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.planning.planner import TreePlanner
-from retrieval_draft.target.tree_model import TreeModel
+from retrieval_draft.model.tree_model import TreeModel
 from tests.conftest import TINY_VOCAB, random_prompt
 
 HOST_READS = {"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "__array__", "nonzero"}

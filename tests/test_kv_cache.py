@@ -7,8 +7,8 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from retrieval_draft.tree import DraftTree
-from retrieval_draft.target.kv_cache import MIN_CAPACITY, GrowingLayer, growing_cache
-from retrieval_draft.target.tree_model import TreeModel
+from retrieval_draft.model.kv_cache import MIN_CAPACITY, GrowingLayer, growing_cache
+from retrieval_draft.model.tree_model import TreeModel
 
 from .conftest import make_tiny_llama, random_prompt
 

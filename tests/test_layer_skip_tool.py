@@ -1,11 +1,11 @@
-"""tools.layer_skip: teacher-forced agreement, the exact self-speculation walk, and the removal search."""
+"""tools.diagnostics.layer_skip: teacher-forced agreement, the exact self-speculation walk, and the removal search."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from tools.layer_skip import SkippedLayers, draft_step_seconds, greedy_removal, matches, predictions, reference, tokens_per_step
+from tools.diagnostics.layer_skip import SkippedLayers, draft_step_seconds, greedy_removal, matches, predictions, reference, tokens_per_step
 
 from .conftest import make_tiny_llama, random_prompt
 

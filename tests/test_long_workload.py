@@ -3,8 +3,8 @@
 import importlib
 import inspect
 
-from retrieval_draft.target.models import load_tokenizer
-from tools.bench_workloads import LONG_MODULES, build_workloads
+from retrieval_draft.model.models import load_tokenizer
+from tools.bench.workloads import LONG_MODULES, build_workloads
 
 
 def test_long_prompts_hold_whole_modules_in_a_fixed_order():

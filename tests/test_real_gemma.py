@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import retrieval_draft
-from retrieval_draft.target.models import load_model, load_tokenizer
+from retrieval_draft.model.models import load_model, load_tokenizer
 
 pytestmark = pytest.mark.real_model
 

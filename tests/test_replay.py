@@ -1,4 +1,4 @@
-"""tools.replay drives the real engine with a stand-in model and reproduces saved greedy outputs."""
+"""tools.diagnostics.replay drives the real engine with a stand-in model and reproduces saved greedy outputs."""
 
 import numpy as np
 import torch
@@ -9,8 +9,8 @@ from retrieval_draft.decode.verify import verify_greedy
 from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.registry import DraftSources, make_drafters
 from retrieval_draft.planning.planner import TreePlanner
-from retrieval_draft.target.tree_model import TreeModel
-from tools.replay import DEFAULT_CURVE, ReplayModel, replay
+from retrieval_draft.model.tree_model import TreeModel
+from tools.diagnostics.replay import DEFAULT_CURVE, ReplayModel, replay
 
 from .conftest import random_prompt
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from retrieval_draft.target.row_slots import RowSlots
+from retrieval_draft.model.row_slots import RowSlots
 
 
 def two_rows(first: int, second: int) -> RowSlots:

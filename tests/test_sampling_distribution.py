@@ -48,7 +48,7 @@ from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.planning.planner import TreePlanner
-from retrieval_draft.target.tree_model import TreeModel
+from retrieval_draft.model.tree_model import TreeModel
 
 VOCAB = 8
 CONTEXT = (3, 6, 1, 7, 4, 5, 3, 0)  # prompt of the sampler-only checks; its last token is the tree root

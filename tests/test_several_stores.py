@@ -161,14 +161,14 @@ def test_the_cli_takes_datastore_more_than_once(monkeypatch, stores):
 
 def test_the_cli_refuses_a_missing_second_store_in_one_line_before_loading_a_model(monkeypatch, capsys, stores,
                                                                                    tmp_path):
-    import retrieval_draft.target.models
+    import retrieval_draft.model.models
     from retrieval_draft_datastore.cli import main as cli_main
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(retrieval_draft.target.models, "load_model", no_loading)
-    monkeypatch.setattr(retrieval_draft.target.models, "load_tokenizer", no_loading)
+    monkeypatch.setattr(retrieval_draft.model.models, "load_model", no_loading)
+    monkeypatch.setattr(retrieval_draft.model.models, "load_tokenizer", no_loading)
     missing = tmp_path / "nothing"
     code = cli_main(["generate", "--prompt", "x", "--datastore", str(stores[0]), "--datastore", str(missing)])
     err = capsys.readouterr().err

@@ -1,8 +1,8 @@
-"""tools.step_profile: the step splits into parts that add up, and only tree forwards are profiled."""
+"""tools.diagnostics.step_profile: the step splits into parts that add up, and only tree forwards are profiled."""
 
 from __future__ import annotations
 
-from tools.step_profile import markdown, profile_prompts
+from tools.diagnostics.step_profile import markdown, profile_prompts
 
 from .conftest import make_tiny_llama, random_prompt
 

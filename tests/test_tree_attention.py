@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from retrieval_draft.target.tree_attention import GROUPED_SDPA, grouped_sdpa, sdpa_configs, tree_attention
+from retrieval_draft.model.tree_attention import GROUPED_SDPA, grouped_sdpa, sdpa_configs, tree_attention
 
 from .conftest import make_tiny_llama
 

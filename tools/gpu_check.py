@@ -160,7 +160,7 @@ def equality(device: torch.device, archs: list[str], dtypes: list[str], real, pr
 def load_real(path: str | None):
     """(model, tokenizer) of the real model, or a string saying why it is skipped."""
     from retrieval_draft.errors import ModelLoadError
-    from retrieval_draft.target.models import load_model, load_tokenizer
+    from retrieval_draft.model.models import load_model, load_tokenizer
 
     if path == "none":
         return "not asked for (--model none)"
@@ -173,7 +173,7 @@ def load_real(path: str | None):
 def cost_curve(model, sizes: list[int], cache_len: int, repeats: int, warmups: int) -> dict:
     """{k: median ms of one forward over k new tokens} after a ``cache_len``-token random prompt."""
     from retrieval_draft.planning.cost import time_chain
-    from retrieval_draft.target.tree_model import TreeModel
+    from retrieval_draft.model.tree_model import TreeModel
 
     rng = np.random.default_rng(0)
     tree_model = TreeModel(model, skinny_sizes=frozenset())

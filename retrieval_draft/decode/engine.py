@@ -27,8 +27,8 @@ from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.planning.timing import ForwardTimer
-from retrieval_draft.target.row_processors import row_processors
-from retrieval_draft.target.tree_model import TreeModel
+from retrieval_draft.model.row_processors import row_processors
+from retrieval_draft.model.tree_model import TreeModel
 from retrieval_draft.tree import DraftTree, build_tree
 
 
@@ -130,7 +130,7 @@ class _Row:
         self.start = start
         self.emitted = self.length
         self.drafters = drafters
-        self.processor = processor  # this row's view (``target.row_processors``)
+        self.processor = processor  # this row's view (``model.row_processors``)
         self.sinks = sinks
         self.done = False
         self.generator: torch.Generator | None = None  # sampling only
@@ -168,7 +168,7 @@ def speculative_decode(
         attention_mask: (B, L), 1 on real tokens, left padding only (None: no padding).
         planner: sizes each row's tree (default: a fixed ``DEFAULTS.tree_budget`` nodes).
         processor: HF's logits processor for the whole batch; each row verifies with its own
-            view of it (``target.row_processors``), seeing its padded sequence as a batch of one.
+            view of it (``model.row_processors``), seeing its padded sequence as a batch of one.
         generator: one row samples from it; several rows each from a stream seeded from it (each
             emitted token consumes the same randomness whatever the trees look like, so a seed
             fixes every row's output).

@@ -28,7 +28,7 @@ from retrieval_draft.decode.verify import (
     LogitsProcessor, Verdict, greedy_choices, has_processor, sampling_choices, verify_greedy, verify_sampling, walk,
 )
 from retrieval_draft.drafters.base import Drafter
-from retrieval_draft.target.transfer import to_host
+from retrieval_draft.model.transfer import to_host
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class TreeJob:
         tree: n nodes.
         logits: (n, V) the model's raw logits at every node, on the model's device.
         prefix: (L,) int64 host ids through the root (what a processor sees before the path).
-        processor: this tree's row's logits processor (``target.row_processors``), or None.
+        processor: this tree's row's logits processor (``model.row_processors``), or None.
         generator: the sampling stream (None: torch's global one; unused when greedy).
         observers: drafters that record the tree (``observes_trees``).
     """

@@ -200,7 +200,7 @@ def tree_scores(
     ``prompt_ignore_length``) that a batch of nodes would not fit. ``prefix`` and
     the paths reach the device in one copy.
     """
-    from retrieval_draft.target.transfer import to_device
+    from retrieval_draft.model.transfer import to_device
 
     n, depth = tree.size, int(tree.depths.max())
     paths = np.zeros((n, max(depth, 1)), dtype=np.int64)  # row i: the path to node i, root excluded

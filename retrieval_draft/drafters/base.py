@@ -69,7 +69,7 @@ class Drafter(ABC):
 
     def observe_tree(self, tokens: np.ndarray, logits: "torch.Tensor") -> None:
         """``tree_request`` then ``tree_receive`` with a read of its own (for use outside the engines)."""
-        from retrieval_draft.target.transfer import to_host
+        from retrieval_draft.model.transfer import to_host
 
         self.tree_receive(tokens, to_host(self.tree_request(logits)))
 

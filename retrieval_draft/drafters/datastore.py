@@ -98,7 +98,7 @@ def compile_store_drafters(store: Datastore) -> None:
 
     The query kernels are Numba functions cached on disk per argument types (uint16 or uint32
     token streams): compiled in the first ``generate`` that drafts from a store, they cost that
-    call ~7 s on a 2-core CPU (``tools.first_call`` with an empty Numba cache: 10.2 s against
+    call ~7 s on a 2-core CPU (``tools.bench.first_call`` with an empty Numba cache: 10.2 s against
     2.7 s, plain ``generate`` 3.5 s). The store builder calls this after each build, so the
     compilation falls in the build instead.
     """

@@ -18,7 +18,7 @@ from retrieval_draft.draft import Draft
 # extends a match of length L + i, so it gets NEXT_TOKEN_PROB of that band.
 # Long matches mean the model is copying (a file being reproduced, a loop
 # repeating), and then nearly every token is accepted. The engine calibrates
-# these online. The values are tools/fit_priors.py's measurements on
+# these online. The values are tools/diagnostics/fit_priors.py's measurements on
 # held-out prompts with SmolLM2-135M (made monotone; band 0 of NEXT is unused).
 MATCH_LENGTH_BANDS = np.array([1, 2, 3, 4, 5, 7, 11, 21])
 FIRST_TOKEN_PROB = np.array([0.22, 0.55, 0.7, 0.77, 0.78, 0.88, 0.9, 0.98])

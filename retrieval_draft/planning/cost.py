@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from retrieval_draft.planning.timing import ForwardTimer
-from retrieval_draft.target.skinny_linear import SKINNY_ROWS
+from retrieval_draft.model.skinny_linear import SKINNY_ROWS
 
 # Probed tree sizes, one timed forward each: the first call of a process with no stored curve pays
 # for this (~1.5 s for SmolLM2-135M on 2 CPU cores; 12 sizes x 3 repeats took 8.7 s, longer than many
@@ -76,7 +76,7 @@ def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PRO
     both ways; the curve takes the faster, and ``skinny_sizes`` lists the
     sizes that take the kernel (each size follows the nearest probe at or below it).
     """
-    from retrieval_draft.target.tree_model import TreeModel
+    from retrieval_draft.model.tree_model import TreeModel
 
     tree_model = TreeModel(model)
     rng = np.random.default_rng(0)

@@ -1,6 +1,6 @@
 """Tokenizer identity for datastores: vocabulary size and fingerprint.
 
-Loading lives in ``retrieval_draft.target.models.load_tokenizer``.
+Loading lives in ``retrieval_draft.model.models.load_tokenizer``.
 """
 
 from __future__ import annotations

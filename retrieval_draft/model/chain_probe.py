@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from retrieval_draft.errors import UnsupportedModelError
-from retrieval_draft.target.attention_layout import AttentionLayout
+from retrieval_draft.model.attention_layout import AttentionLayout
 
 PROBE_PROMPT = 6  # tokens of random prompt
 PROBE_STEPS = 3  # new tokens scored both ways

@@ -33,7 +33,7 @@ in their own (``bench_fresh``, ``first_call``): import and load times apart,
 then the call's wall time; the first-call ratio is plain / ours.
 
 The markdown report goes to stdout, progress to stderr. See ``bench_report``
-for the metric definitions; ``python -m tools.bench_report RESULT.json``
+for the metric definitions; ``python -m tools.bench.report RESULT.json``
 re-renders a saved run.
 
 Time on an idle 2-core CPU (SmolLM2-135M): --quick ~2 minutes, full (8
@@ -57,12 +57,12 @@ from pathlib import Path
 import torch
 
 from retrieval_draft.atomic import atomic_write_bytes
-from tools.bench_fresh import fresh_geomean, fresh_process_rows, readme_call
-from tools.bench_report import derive, load_average, machine_info, markdown, plot
-from tools.bench_systems import (
+from tools.bench.fresh import fresh_geomean, fresh_process_rows, readme_call
+from tools.bench.report import derive, load_average, machine_info, markdown, plot
+from tools.bench.systems import (
     SYSTEMS, ModelHandles, RunSetup, prefill_seconds, readme_datastore, run_system, unavailable_reason,
 )
-from tools.bench_workloads import CODE_WORKLOADS, REPO_WORKLOADS, TEXT_WORKLOADS, WORKLOADS, BenchPrompt, build_workloads
+from tools.bench.workloads import CODE_WORKLOADS, REPO_WORKLOADS, TEXT_WORKLOADS, WORKLOADS, BenchPrompt, build_workloads
 
 QUICK = {
     "prompts": 1, "max_new_tokens": 32, "repeats": 1, "fresh_process": False,
@@ -86,7 +86,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--datastore-b", default=None,
                    help="a second datastore directory for the datastore_b system (compare two stores side by side)")
     p.add_argument("--history", type=Path, default=None,
-                   help="saved output history (python -m tools.warm_history) for the history diagnostic")
+                   help="saved output history (python -m tools.diagnostics.warm_history) for the history diagnostic")
     p.add_argument("--max-new-tokens", type=int)
     p.add_argument("--repeats", type=int)
     p.add_argument("--prompts", type=int, help="prompts per workload")
@@ -303,7 +303,7 @@ def fresh_process(args: argparse.Namespace, prompts: list[BenchPrompt], encoded:
 
 def run_config(args: argparse.Namespace) -> dict:
     """The settings of this run, for the report."""
-    from retrieval_draft.target.models import default_model_path
+    from retrieval_draft.model.models import default_model_path
 
     model_path = args.model or default_model_path()
     return {
@@ -355,7 +355,7 @@ def code_version() -> dict:
     """The git commit of this checkout and how many files differ from it."""
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
         status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO_WORKLOADS = ("repo_raw", "repo_chat")
-CACHE_ROOT = Path(__file__).resolve().parent.parent / ".cache" / "bench-repo-stores"
+CACHE_ROOT = Path(__file__).resolve().parents[2] / ".cache" / "bench-repo-stores"
 MAX_PREFIX_CHARS = 6000  # a raw prompt keeps the end of the file's prefix (whole lines): ~1.5-2k tokens
 MIN_BODY_LINES = 3  # lines after the docstring, so there is a body to complete
 

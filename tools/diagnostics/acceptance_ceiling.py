@@ -1,6 +1,6 @@
 """Where open text loses tokens per step: what drafts could reach on the model's own outputs.
 
-    python -m tools.acceptance_ceiling [--workloads text,chat] [--prompts 4] [--max-new-tokens 128] [--json PATH]
+    python -m tools.diagnostics.acceptance_ceiling [--workloads text,chat] [--prompts 4] [--max-new-tokens 128] [--json PATH]
 
 For each benchmark prompt it generates greedily through the README call
 (identical to HF greedy; one model handle per workload as in ``tools.bench``;
@@ -103,8 +103,8 @@ def collect(workloads: list[str], prompts: int, max_new_tokens: int, model_path:
     import retrieval_draft
     from retrieval_draft.decode.engine import DecodeStats
     from retrieval_draft.session import load_session
-    from tools.bench import encode
-    from tools.bench_workloads import build_workloads
+    from tools.bench.run import encode
+    from tools.bench.workloads import build_workloads
 
     session = load_session(model_path)
     records = []
@@ -157,7 +157,7 @@ def markdown(table: dict[str, dict[str, float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tools.bench_workloads import TEXT_WORKLOADS, WORKLOADS
+    from tools.bench.workloads import TEXT_WORKLOADS, WORKLOADS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workloads", default="text,chat", help=f"comma list of {','.join(WORKLOADS)} (text: the six text ones)")
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     table = ceilings(collect(workloads, args.prompts, args.max_new_tokens, args.model))
     print(markdown(table))
     if args.json:
-        command = " ".join(["python", "-m", "tools.acceptance_ceiling", *(sys.argv[1:] if argv is None else argv)])
+        command = " ".join(["python", "-m", "tools.diagnostics.acceptance_ceiling", *(sys.argv[1:] if argv is None else argv)])
         payload = {"command": command, "tokens_per_step": table}
         atomic_write_bytes(Path(args.json), (json.dumps(payload, indent=1) + "\n").encode())
     return 0

@@ -1,8 +1,8 @@
 """Model coverage: the plugin against plain greedy ``generate`` on a tiny model of every causal-LM architecture.
 
-    python -m tools.model_coverage [--out FILE.md] [--only TYPE,TYPE] [--prompts N]
+    python -m tools.checks.model_coverage [--out FILE.md] [--only TYPE,TYPE] [--prompts N]
 
-Enumerates transformers' causal-LM auto mapping (``tests/model_zoo.py``), runs
+Enumerates transformers' causal-LM auto mapping (``tools/checks/model_zoo.py``), runs
 ``tests/zoo_check.check`` on each entry, and prints a markdown table:
 architecture, class, window kind, result, accepted tokens per step, and the
 largest gap between the plugin's and plain generate's logits (relative,
@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from tests.model_zoo import causal_lm_architectures
-from tests.zoo_check import IDENTICAL, Outcome, check, one_numba_thread
+from tools.checks.model_zoo import causal_lm_architectures
+from tools.checks.zoo_check import IDENTICAL, Outcome, check, one_numba_thread
 
 
 def result_text(outcome: Outcome) -> str:

@@ -24,8 +24,8 @@ import torch
 import retrieval_draft
 from retrieval_draft.errors import UnsupportedModelError
 from retrieval_draft.memory import PluginMemory
-from retrieval_draft.target.attention_layout import attention_layout
-from tests.model_zoo import FIRST_PROMPT_ID, ZooBuildError, set_aside_reason, tiny_model
+from retrieval_draft.model.attention_layout import attention_layout
+from tools.checks.model_zoo import FIRST_PROMPT_ID, ZooBuildError, set_aside_reason, tiny_model
 
 BLOCK, REPEATS, NEW_TOKENS, TREE_BUDGET = 12, 4, 24, 12
 WINDOW = 8

@@ -6,8 +6,8 @@ and indexing seconds, tokens/s, peak RSS of the build process, bytes per
 token on disk per file, open time (with checksums), and propose latency
 p50/p99 of each drafter on contexts sampled from the corpus.
 
-Usage: python -m tools.datastore_numbers [--large] [--out DIR] [--json FILE]
-       python -m tools.datastore_numbers --stores STORE [STORE ...] [--json FILE]
+Usage: python -m tools.checks.datastore_numbers [--large] [--out DIR] [--json FILE]
+       python -m tools.checks.datastore_numbers --stores STORE [STORE ...] [--json FILE]
 (the second form measures existing stores of one corpus on the same contexts, e.g. two format
 versions, and says whether their drafts are identical)
 """
@@ -27,14 +27,14 @@ import numpy as np
 from retrieval_draft.atomic import atomic_write_bytes
 
 REPEATS = 3
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 BUILD_CODE = """
 import json, resource, sys, time
 from pathlib import Path
 from retrieval_draft_datastore.builder import build
 from retrieval_draft_datastore.sources import SourceOptions
-from retrieval_draft.target.models import load_tokenizer
+from retrieval_draft.model.models import load_tokenizer
 tok = load_tokenizer()
 start = time.perf_counter()
 m = build(sys.argv[2:], Path(sys.argv[1]), tok, options=SourceOptions(globs=("*.py",)), progress=False)

@@ -1,11 +1,11 @@
 """One ``model.generate`` call in a fresh process: what a script that generates once pays.
 
-    python -m tools.first_call --system ours|hf [--datastore DIR]... [--model PATH]
+    python -m tools.bench.first_call --system ours|hf [--datastore DIR]... [--model PATH]
                                [--max-new-tokens N] [--threads N] [--temperature T --seed S]
                                [--prompt TEXT [--chat]]        (else JSON {"input_ids": [...]} on stdin)
 
 Imports torch, transformers and retrieval_draft, loads the model and tokenizer
-(``retrieval_draft.target.models.load_model`` / ``load_tokenizer``, default SmolLM2-135M),
+(``retrieval_draft.model.models.load_model`` / ``load_tokenizer``, default SmolLM2-135M),
 then times the process's first ``generate`` call, to the last token:
 
 - ``ours``: ``model.generate(**inputs, max_new_tokens=N, custom_generate=retrieval_draft.generate)``,
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     import retrieval_draft
-    from retrieval_draft.target.models import load_model, load_tokenizer
+    from retrieval_draft.model.models import load_model, load_tokenizer
 
     import_s = time.perf_counter() - started
     transformers.utils.logging.set_verbosity_error()

@@ -4,7 +4,7 @@ HF's ``DynamicLayer`` appends each step's keys and values with ``torch.cat``,
 which allocates a new tensor and copies the whole cache, in every layer, on
 every forward. On a 2-core CPU with SmolLM2-135M's 30 layers that cost about
 1 ms of a 33 ms single-token step after a 256-token prompt and 5.5 ms of 44 ms
-after 1,500 tokens (``tools/forward_cost.py``); it grows with the context.
+after 1,500 tokens (``tools/diagnostics/forward_cost.py``); it grows with the context.
 
 ``GrowingLayer`` keeps each layer's rows in a buffer of shape
 (batch, kv_heads, capacity, head_dim) and exposes ``keys``/``values`` as the

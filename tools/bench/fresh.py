@@ -1,7 +1,7 @@
 """The fresh-process measurement: one README call as the first call of a new Python process.
 
 Per workload, its first prompt runs twice, each in a new interpreter
-(``sys.executable -m tools.first_call`` from the repository root, which imports, loads the model and
+(``sys.executable -m tools.bench.first_call`` from the repository root, which imports, loads the model and
 times one ``generate`` call with nothing warmed up):
 
 - ours: ``model.generate(**inputs, max_new_tokens=N, custom_generate=retrieval_draft.generate)``,
@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from tools.bench_systems import readme_datastore
+from tools.bench.systems import readme_datastore
 
-REPO = Path(__file__).resolve().parent.parent  # the fresh processes run ``-m tools.first_call`` from here
+REPO = Path(__file__).resolve().parents[2]  # the fresh processes run ``-m tools.bench.first_call`` from here
 TIMEOUT_S = 900  # one subprocess: ~15 s import + load, a few s per 128 tokens; generous for a busy machine
 
 
@@ -33,7 +33,7 @@ def first_call_command(system: str, args, datastore: str | list[str] | None) -> 
     """The command line of one fresh-process run (``system`` "ours" or "hf"), run from ``REPO``;
     existing relative paths are made absolute, since the process starts there. ``datastore``:
     one path or a list (one ``--datastore`` each)."""
-    command = [sys.executable, "-m", "tools.first_call", "--system", system]
+    command = [sys.executable, "-m", "tools.bench.first_call", "--system", system]
     command += ["--max-new-tokens", str(args.max_new_tokens)]
     if args.model:
         command += ["--model", _absolute(args.model)]

@@ -3,12 +3,12 @@
 A server that has answered many code requests has seen how its model writes
 code; ``HistoryDrafter`` turns those earlier outputs into drafts. This script
 plays that server: it decodes HumanEval problems the benchmark never measures
-(from index 52 of the benchmark's shuffle on; ``tools.fit_priors`` uses
+(from index 52 of the benchmark's shuffle on; ``tools.diagnostics.fit_priors`` uses
 40-51, the benchmark the first few), raw and as chat requests, through our
 plugin with one shared ``HistoryDrafter``, then saves the history file that
 ``python -m tools.bench --history`` loads.
 
-    python -m tools.warm_history --out out/history-humaneval.npz [--problems 60]
+    python -m tools.diagnostics.warm_history --out out/history-humaneval.npz [--problems 60]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
     from retrieval_draft.hf import generate as plugin_generate
     from retrieval_draft.session import GenerationRequest, load_session
-    from tools.bench_workloads import humaneval_subset
+    from tools.bench.workloads import humaneval_subset
 
     session = load_session()
     problems = humaneval_subset(164, seed=0)[FIRST_PROBLEM : FIRST_PROBLEM + args.problems]

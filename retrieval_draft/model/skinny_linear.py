@@ -28,7 +28,7 @@ from numba import njit, prange
 # Tree sizes that may take the kernel (``cost.measure_cost`` times each probed size both ways and
 # keeps the faster, per machine). On a 2-core AVX-512 Xeon, for SmolLM2-135M's 211 weight matrices:
 # 1-3 rows MKL 21-23 ms, kernel 19-24 ms; 4 rows 36 vs 27 ms; 8 rows 45 vs 33 ms; 16 rows 51 vs 49 ms.
-# On a 2-core AMD EPYC, whole forwards after 256 tokens (``tools.forward_cost``, 2026-11-24): 1 token
+# On a 2-core AMD EPYC, whole forwards after 256 tokens (``tools.diagnostics.forward_cost``, 2026-11-24): 1 token
 # MKL 63.7 ms, kernel 39.1 ms; 2 tokens 101.4 vs 45.4 ms; 3 tokens 128.6 vs 48.1 ms; 4 tokens 90.6 vs 48.5 ms.
 SKINNY_ROWS = range(1, 17)
 

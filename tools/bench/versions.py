@@ -1,10 +1,10 @@
 """Old code against new: the benchmark harnesses run from two checkouts, interleaved, in one run.
 
-    python -m tools.bench_versions --old DIR --new DIR [--rounds 2] [--out PREFIX]
+    python -m tools.bench.versions --old DIR --new DIR [--rounds 2] [--out PREFIX]
         [--bench-args "..."] [--batch-args "..."] [--harnesses bench,batch]
 
 A restructuring must not cost speed. Each round runs ``python -m tools.bench`` and then
-``python -m tools.bench_batch`` once from each checkout (``cwd`` and ``PYTHONPATH`` set to
+``python -m tools.bench.batch`` once from each checkout (``cwd`` and ``PYTHONPATH`` set to
 it, so each process imports that checkout's ``retrieval_draft`` and ``tools``), old first
 in even rounds and new first in odd ones, so a machine whose speed drifts slows both alike.
 Each harness times plain HF ``generate`` beside the plugin in the same process, so the
@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from tools.bench_report import write_results
+from tools.bench.report import write_results
 
 DEFAULT_BENCH = ("--workloads code_raw --systems hf,defaults --prompts 6 --max-new-tokens 128 --repeats 1 "
                  "--no-fresh-process")
@@ -45,6 +45,16 @@ def run_harness(checkout: Path, module: str, args: list[str], cache: Path, out: 
     return json.loads(out.read_text())
 
 
+def batch_module(checkout: Path) -> str | None:
+    """The batch harness's module in ``checkout``: ``tools.bench.batch`` since tools/ has rooms,
+    ``tools.bench_batch`` before; None when ``checkout`` is neither."""
+    if (checkout / "tools" / "bench" / "batch.py").is_file():
+        return "tools.bench.batch"
+    if (checkout / "tools" / "bench.py").is_file():
+        return "tools.bench_batch"
+    return None
+
+
 def bench_figures(result: dict) -> dict:
     """The plugin's figures from a ``tools.bench`` result: speed-up (geometric mean over prompts,
     each against HF in the same process), tokens/s and identical rate, per system."""
@@ -54,7 +64,7 @@ def bench_figures(result: dict) -> dict:
 
 
 def batch_figures(result: dict) -> dict:
-    """Per batch size, from a ``tools.bench_batch`` result: speed-up, tokens/s, identical rows,
+    """Per batch size, from a ``tools.bench.batch`` result: speed-up, tokens/s, identical rows,
     accepted tokens per row-step and mean tree width."""
     return {str(row["rows"]): {"speedup": row["speedup"], "tokens_per_s": row["ours_tokens_per_s"],
                                "identical": f"{row['identical_rows']}/{row['rows']}",
@@ -78,7 +88,7 @@ def markdown(rounds: list[dict], old: str, new: str) -> str:
             same_key = "identical_rate" if harness == "bench" else "identical"
             same = f"{', '.join(map(str, pick('old', same_key)))} / {', '.join(map(str, pick('new', same_key)))}"
             label = entry if harness == "bench" else f"batch {entry}"
-            lines.append(f"| {'tools.bench' if harness == 'bench' else 'tools.bench_batch'} | {label} | {old_up:.3f}x | "
+            lines.append(f"| {'tools.bench' if harness == 'bench' else 'tools.bench.batch'} | {label} | {old_up:.3f}x | "
                          f"{new_up:.3f}x | {ratio:.3f} | {median(pick('old', 'tokens_per_s')):.1f} | "
                          f"{median(pick('new', 'tokens_per_s')):.1f} | {same} |")
     return "\n".join(lines) + "\n"
@@ -95,8 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default="bench/results/versions")
     args = p.parse_args(argv)
     for side in (args.old, args.new):
-        if not (side / "tools" / "bench.py").is_file():
-            p.error(f"{side}: not a checkout of this project (no tools/bench.py)")
+        if batch_module(side) is None:
+            p.error(f"{side}: not a checkout of this project (no tools/bench/ nor tools/bench.py)")
     harnesses = {h.strip() for h in args.harnesses.split(",")}
     if not harnesses or not harnesses <= {"bench", "batch"}:
         p.error("--harnesses takes bench, batch or bench,batch")
@@ -109,16 +119,17 @@ def main(argv: list[str] | None = None) -> dict:
             order = ("old", "new") if number % 2 == 0 else ("new", "old")
             figures: dict = {side: {} for side in sides}
             for harness, module, extra in (("bench", "tools.bench", args.bench_args),
-                                           ("batch", "tools.bench_batch", args.batch_args)):
+                                           ("batch", None, args.batch_args)):
                 if harness not in harnesses:
                     continue
                 for side in order:
                     out = work / f"{harness}-{side}-{number}.json"
-                    result = run_harness(sides[side], module, shlex.split(extra), caches[side], out)
+                    name = module or batch_module(sides[side])
+                    result = run_harness(sides[side], name, shlex.split(extra), caches[side], out)
                     figures[side][harness] = bench_figures(result) if harness == "bench" else batch_figures(result)
             rounds.append(figures)
             print(json.dumps(figures), file=sys.stderr, flush=True)
-    result = {"command": " ".join(["python -m tools.bench_versions", *(sys.argv[1:] if argv is None else argv)]),
+    result = {"command": " ".join(["python -m tools.bench.versions", *(sys.argv[1:] if argv is None else argv)]),
               "old": str(args.old), "new": str(args.new), "bench_args": args.bench_args,
               "batch_args": args.batch_args, "rounds": rounds}
     report = markdown(rounds, str(args.old), str(args.new))

@@ -5,7 +5,7 @@ values to every query head (``repeat_kv``) on CPU and CUDA: for SmolLM2-135M
 (9 query heads, 3 KV heads) that copies the whole cache three times over in
 every layer of every tree forward: on a 2-core CPU, 3 ms of a 62 ms forward
 over 8 tokens after a 256-token prompt, 7.5 ms of 79 ms after 1,500 tokens
-(``tools/forward_cost.py``). Plain decoding passes no mask and takes SDPA's
+(``tools/diagnostics/forward_cost.py``). Plain decoding passes no mask and takes SDPA's
 own GQA path, so only tree verification paid this.
 
 ``grouped_sdpa`` computes the same attention with the query heads that share

@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from retrieval_draft.atomic import atomic_path, atomic_write_bytes
-from tools.bench_fresh import fresh_section
+from tools.bench.fresh import fresh_section
 
 OVERALL = "overall"
 
@@ -328,7 +328,7 @@ def plot(result: dict, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Re-render a saved JSON result: ``python -m tools.bench_report RESULT.json [--markdown P] [--png P]
+    """Re-render a saved JSON result: ``python -m tools.bench.report RESULT.json [--markdown P] [--png P]
     [--json P]`` (``--json``: write the result back with its summary derived again)."""
     import argparse
 

@@ -5,7 +5,7 @@ for a callable ``custom_generate`` before building the stopping criteria, so
 ``stop_strings`` fails with its missing-tokenizer error.
 ``receives_generate_kwargs`` marks our callable so that those arguments reach
 it; ``stop_strings`` then stops exactly where HF stops. This module and the
-rest of ``target`` are the only code touching transformers internals.
+rest of ``model`` are the only code touching transformers internals.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Batch benchmark: HF batched greedy ``generate`` against the plugin on the same padded batches.
 
-    python -m tools.bench_batch [--batches 1,4,16] [--max-new-tokens 128] [--repeats 2] [--seed 0]
+    python -m tools.bench.batch [--batches 1,4,16] [--max-new-tokens 128] [--repeats 2] [--seed 0]
                                 [--out PREFIX] [--no-mixed]
 
 Per batch size b, b HumanEval prompts (the code workload, raw completions,
@@ -34,9 +34,9 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 import retrieval_draft
-from retrieval_draft.target.models import load_model, load_tokenizer
-from tools.bench_report import load_average, machine_info, write_results
-from tools.bench_workloads import build_workloads
+from retrieval_draft.model.models import load_model, load_tokenizer
+from tools.bench.report import load_average, machine_info, write_results
+from tools.bench.workloads import build_workloads
 
 DEFAULT_OUT = "bench/results/2026-11-23-cpu2-smollm2-batch"
 
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(row, flush=True)
         batches.append(row)
     result = {
-        "command": " ".join(["python -m tools.bench_batch", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python -m tools.bench.batch", *(sys.argv[1:] if argv is None else argv)]),
         "model": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised to fp32)",
         "threads": args.threads,
         "max_new_tokens": args.max_new_tokens,

@@ -12,7 +12,7 @@ and records which copied tokens the model produced:
 - later tokens: the i-th copied token, given tokens 0..i-1 were right,
   extends a match of length L + i; accepted / tried by that length.
 
-    python -m tools.fit_priors [--refs refs.json] [--json out.json]
+    python -m tools.diagnostics.fit_priors [--refs refs.json] [--json out.json]
 
 ``--refs`` caches the greedy outputs (written when missing, read when present).
 """
@@ -58,7 +58,7 @@ MAX_COPY = 32
 
 def held_out_requests() -> list[tuple[str, str, bool]]:
     """(id, text, chat) of every held-out prompt."""
-    from tools.bench_workloads import humaneval_subset, stdlib_source
+    from tools.bench.workloads import humaneval_subset, stdlib_source
 
     requests = []
     problems = humaneval_subset(max(HELD_OUT_TASKS) + 1, seed=0)

@@ -1,7 +1,7 @@
 """Replay greedy outputs through the real decode engine, with a stand-in for the model.
 
 Under greedy decoding the tokens the model will emit are known in advance
-(``python -m tools.fit_priors --refs`` saves them), so a decode can be replayed
+(``python -m tools.diagnostics.fit_priors --refs`` saves them), so a decode can be replayed
 without a forward pass: ``ReplayModel`` offers what ``speculative_decode``
 needs from ``TreeModel`` for one row (``prefill``, ``score_trees``, ``keep``) and answers
 with one-hot logits read off the saved output. The engine, its drafters
@@ -19,7 +19,7 @@ the accepted part of the best single candidate among the same drafters'
 proposals (``CeilingDrafter``; fixed-size planning, no cost model).
 Greedy only: sampled outputs cannot be replayed from one saved sequence.
 
-    python -m tools.replay --refs refs.json [--datastore DIR] [--history FILE]
+    python -m tools.diagnostics.replay --refs refs.json [--datastore DIR] [--history FILE]
                            [--drafters prompt,ngram,...] [--ceiling]
 """
 
@@ -238,7 +238,7 @@ def drafter_menu(args: argparse.Namespace, store) -> list[Drafter]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--refs", type=Path, required=True,
-                        help="greedy outputs: {id: {prompt, out}} (tools.fit_priors --refs)")
+                        help="greedy outputs: {id: {prompt, out}} (tools.diagnostics.fit_priors --refs)")
     parser.add_argument("--datastore", help="a datastore for the ngram and suffix drafters")
     parser.add_argument("--history", help="a saved output history (HistoryDrafter.load) for the history drafter")
     parser.add_argument("--drafters", help=f"comma list of {', '.join(DRAFTERS)} (default: the plugin's menu)")
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     cost = DEFAULT_CURVE
     if args.measure:
         from retrieval_draft.planning.cost import measure_cost
-        from retrieval_draft.target.models import load_model
+        from retrieval_draft.model.models import load_model
 
         cost = measure_cost(load_model(None))
     try:

@@ -1,4 +1,4 @@
-"""The target model's tree forward over B rows (part of ``target``, the only code touching transformers internals).
+"""The target model's tree forward over B rows (part of ``model``, the only code touching transformers internals).
 
 ``TreeModel`` wraps a causal LM and its KV cache: prefill a left-padded batch,
 score one token tree per row in ONE forward pass (additive mask + per-node
@@ -30,13 +30,13 @@ import torch
 
 from retrieval_draft.errors import InvalidInputError, UnsupportedModelError
 from retrieval_draft.tree import DraftTree
-from retrieval_draft.target.attention_layout import CHAIN, attention_layout
-from retrieval_draft.target.chain_probe import probe_chain_forward
-from retrieval_draft.target.kv_cache import cut_back, model_cache
-from retrieval_draft.target.row_slots import RowSlots
-from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_forwards, skinny_linears
-from retrieval_draft.target.transfer import to_device
-from retrieval_draft.target.tree_attention import sdpa_configs, tree_attention
+from retrieval_draft.model.attention_layout import CHAIN, attention_layout
+from retrieval_draft.model.chain_probe import probe_chain_forward
+from retrieval_draft.model.kv_cache import cut_back, model_cache
+from retrieval_draft.model.row_slots import RowSlots
+from retrieval_draft.model.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_forwards, skinny_linears
+from retrieval_draft.model.transfer import to_device
+from retrieval_draft.model.tree_attention import sdpa_configs, tree_attention
 
 
 def context_limit(model: torch.nn.Module) -> int | None:

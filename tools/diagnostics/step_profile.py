@@ -1,6 +1,6 @@
 """Where a decode step's time goes: tree forward (matmuls, attention, the rest) and the loop around it.
 
-    python -m tools.step_profile [--workloads code_raw,grounded,chat] [--prompts 5] [--json PATH]
+    python -m tools.diagnostics.step_profile [--workloads code_raw,grounded,chat] [--prompts 5] [--json PATH]
 
 Decodes the benchmark's prompts greedily with prompt lookup through the
 engine, as the plugin does (cost-aware trees, acceptance rates shared by the
@@ -30,8 +30,8 @@ from retrieval_draft.config import DraftConfig
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
 from retrieval_draft.drafters.registry import DraftSources, make_drafters
 from retrieval_draft.hf import make_planner
-from retrieval_draft.target.tree_model import TreeModel
-from tools.bench_workloads import WORKLOADS, build_workloads
+from retrieval_draft.model.tree_model import TreeModel
+from tools.bench.workloads import WORKLOADS, build_workloads
 
 # (column, cProfile function name): the leaf calls that a tree forward's matmuls and attention end in.
 MATMUL_CALLS = ("<built-in method torch._C._nn.linear>", "skinny_matmul")

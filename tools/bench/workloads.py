@@ -32,8 +32,8 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.bench_repo_workloads import REPO_WORKLOADS, repo_prompts
-from tools.bench_text_workloads import TEXT_WORKLOADS, text_prompts
+from tools.bench.repo_workloads import REPO_WORKLOADS, repo_prompts
+from tools.bench.text_workloads import TEXT_WORKLOADS, text_prompts
 
 CODE_WORKLOADS = ("code_raw", "code_chat", "grounded", "chat")
 LONG_WORKLOADS = ("long", "long_raw")

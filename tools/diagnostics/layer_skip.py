@@ -1,7 +1,7 @@
 """Self-speculation by layer skipping, measured: would drafting with the target's own first
 layers (a subset of its layers, the same weights) pay?
 
-    python -m tools.layer_skip [--search-prompts 1] [--eval-prompts 1] [--tokens 96] [--context 256]
+    python -m tools.diagnostics.layer_skip [--search-prompts 1] [--eval-prompts 1] [--tokens 96] [--context 256]
                                [--max-skip 0.6] [--json PATH] [--markdown PATH]
 
 1. Greedy reference outputs of the full model on benchmark prompts (a mix of
@@ -43,9 +43,9 @@ from transformers import DynamicCache
 
 from retrieval_draft.atomic import atomic_write_bytes
 from retrieval_draft.memory import PluginMemory
-from retrieval_draft.target.attention_layout import attention_layout
-from tools.bench import encode
-from tools.bench_workloads import build_workloads
+from retrieval_draft.model.attention_layout import attention_layout
+from tools.bench.run import encode
+from tools.bench.workloads import build_workloads
 
 SEARCH_WORKLOADS = ("code_chat", "grounded", "chat", "summarize")
 EVAL_WORKLOADS = ("code_raw", "code_chat", "grounded", "chat", "qa", "summarize", "rag", "translate")
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     import sys
 
     from retrieval_draft.session import Session
-    from retrieval_draft.target.models import load_model, load_tokenizer
+    from retrieval_draft.model.models import load_model, load_tokenizer
 
     args = parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -1,6 +1,6 @@
 """Forward cost of tree verification with the CPU paths switched on one by one.
 
-    python -m tools.forward_cost [--contexts 256,1500] [--sizes 1,2,4,8,16] [--json PATH]
+    python -m tools.diagnostics.forward_cost [--contexts 256,1500] [--sizes 1,2,4,8,16] [--json PATH]
 
 For each context length, times ``TreeModel.score_trees`` over a k-token chain
 under four variants, interleaved round by round in one process:
@@ -24,9 +24,9 @@ from transformers import DynamicCache
 
 from retrieval_draft.atomic import atomic_write_bytes
 from retrieval_draft.planning.cost import time_chain
-from retrieval_draft.target.models import load_model
-from retrieval_draft.target.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linear
-from retrieval_draft.target.tree_model import TreeModel
+from retrieval_draft.model.models import load_model
+from retrieval_draft.model.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linear
+from retrieval_draft.model.tree_model import TreeModel
 
 VARIANTS = ("stock", "+kv_cache", "+attention", "all")
 

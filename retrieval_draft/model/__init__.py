@@ -1,4 +1,4 @@
-"""The target model: the only code that touches transformers and torch-module internals.
+"""Adapting an HF causal LM for tree verification: the only code that touches transformers and torch-module internals.
 
 Tree forwards and KV compaction (``tree_model``), the in-place KV cache (``kv_cache``),
 grouped-query tree attention (``tree_attention``), the CPU skinny matmul

@@ -1,0 +1,10 @@
+"""The benchmark harness: every speed claim comes from it (``python -m tools.bench``).
+
+- ``run``: the harness itself (``python -m tools.bench`` runs it).
+- ``systems``: the systems compared (plain HF, HF prompt lookup, the README's calls).
+- ``workloads``, ``text_workloads``, ``repo_workloads``: the prompts.
+- ``report``: metrics, tables and chart; ``python -m tools.bench.report RESULT.json`` re-renders one.
+- ``fresh`` and ``first_call``: first calls in new processes.
+- ``batch``: batches of 1..16 rows (``python -m tools.bench.batch``).
+- ``versions``: two checkouts' harnesses interleaved (``python -m tools.bench.versions``).
+"""
