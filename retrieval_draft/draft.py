@@ -30,7 +30,7 @@ class Draft:
         probs = np.asarray(self.probs, dtype=np.float64).reshape(-1)
         if tokens.shape != probs.shape:
             raise ValueError(f"Draft tokens {tokens.shape} and probs {probs.shape} differ in shape")
-        if probs.size and (not np.all(probs > 0) or not np.all(probs <= 1)):
+        if probs.size and not (0.0 < probs.min() and probs.max() <= 1.0):
             raise ValueError("Draft probs must lie in (0, 1]")
         object.__setattr__(self, "tokens", tokens)
         object.__setattr__(self, "probs", probs)

@@ -122,8 +122,9 @@ def build_tree(root_token: int, drafts: list[Draft], budget: int) -> DraftTree:
     return tree.top(budget, tree.probs)
 
 
-def merge_drafts(root_token: int, drafts: list[Draft]) -> DraftTree:
-    """Merge drafts into one trie under ``root_token``, unpruned.
+def merge_drafts(root_token: int, drafts: "list[Draft] | list[tuple[np.ndarray, np.ndarray]]") -> DraftTree:
+    """Merge drafts (``Draft``s, or (tokens, probs) array pairs of shape (n,)) into one trie
+    under ``root_token``, unpruned.
 
     A node proposed by several drafts gets the largest of their path
     probabilities (drafts sharing a prefix are rarely independent evidence:
@@ -134,8 +135,9 @@ def merge_drafts(root_token: int, drafts: list[Draft]) -> DraftTree:
     tokens, parents, depths = [int(root_token)], [-1], [0]
     best = [1.0]  # largest path probability seen per node
     for draft in drafts:
+        draft_tokens, draft_probs = (draft.tokens, draft.probs) if isinstance(draft, Draft) else draft
         node, path_prob = 0, 1.0
-        for token, prob in zip(draft.tokens.tolist(), draft.probs.tolist()):
+        for token, prob in zip(draft_tokens.tolist(), draft_probs.tolist()):
             path_prob *= prob
             child = index.get((node, token))
             if child is None:

@@ -28,6 +28,7 @@ from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.planning.planner import TreePlanner
+from retrieval_draft.model import transfer
 from retrieval_draft.model.tree_model import TreeModel
 from tests.conftest import TINY_VOCAB, random_prompt
 
@@ -69,9 +70,9 @@ class MarkedTreeModel(TreeModel):
 
     reads: HostReads
 
-    def score_trees(self, trees):
+    def score(self, packed):
         self.reads.mark()
-        return super().score_trees(trees)
+        return super().score(packed)
 
 
 def reads_per_step(tiny_llama, processor=None, do_sample=False) -> tuple[list[list[str]], int]:
@@ -92,14 +93,21 @@ def reads_per_step(tiny_llama, processor=None, do_sample=False) -> tuple[list[li
     return model.reads.steps, stats.tree_nodes - stats.steps
 
 
-def test_a_greedy_step_with_recycling_reads_the_host_exactly_once(tiny_llama):
+@pytest.fixture
+def device_reductions(monkeypatch):
+    """Reductions over logits as on a GPU (torch ops, read once), not as host arrays (CPU only)."""
+    monkeypatch.setattr(transfer, "computes_on_host", lambda _: False)
+
+
+def test_a_greedy_step_with_recycling_reads_the_host_exactly_once(tiny_llama, device_reductions):
     steps, drafted = reads_per_step(tiny_llama)
     assert len(steps) >= 3 and drafted > 0  # real trees, not single tokens
     assert steps == [["numpy"]] * len(steps)
 
 
 @pytest.mark.parametrize("do_sample", [False, True])
-def test_the_device_path_reads_the_host_once_per_step_with_processors_and_sampling(tiny_llama, monkeypatch, do_sample):
+def test_the_device_path_reads_the_host_once_per_step_with_processors_and_sampling(tiny_llama, monkeypatch, do_sample,
+                                                                                 device_reductions):
     monkeypatch.setattr(readout, "walks_on_host", lambda *_: False)
     processor = warpers() if do_sample else LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3)])
     steps, drafted = reads_per_step(tiny_llama, processor, do_sample)
@@ -107,7 +115,7 @@ def test_the_device_path_reads_the_host_once_per_step_with_processors_and_sampli
     assert steps == [["numpy"]] * len(steps)
 
 
-def test_a_batch_step_reads_the_host_once_for_all_rows(tiny_llama):
+def test_a_batch_step_reads_the_host_once_for_all_rows(tiny_llama, device_reductions):
     model = MarkedTreeModel(tiny_llama)
     model.reads = HostReads(tiny_llama)
     prompts = [random_prompt(4, length=8, repeat=3)[0], random_prompt(5, length=10, repeat=2)[0]]

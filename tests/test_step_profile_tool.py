@@ -1,20 +1,31 @@
-"""tools.diagnostics.step_profile: the step splits into parts that add up, and only tree forwards are profiled."""
+"""tools.diagnostics.step_profile: a step's phases add up, and replaying a prompt shows per-token work."""
 
 from __future__ import annotations
 
-from tools.diagnostics.step_profile import markdown, profile_prompts
+import torch
+
+from tools.diagnostics.step_profile import PHASES, markdown, profile
 
 from .conftest import make_tiny_llama, random_prompt
 
 
-def test_the_parts_of_a_step_add_up():
+def test_the_phases_of_a_step_add_up_and_a_replayed_prompt_takes_more_tokens_per_step():
     model = make_tiny_llama(seed=21)
-    row = profile_prompts(model, [random_prompt(1, repeat=3), random_prompt(2)], max_new_tokens=24)
-    assert row["steps"] > 0 and row["mean_tree_nodes"] >= 1
-    assert 0 < row["matmul"] < row["forward"] and 0 < row["attention"] < row["forward"]
-    assert abs(row["matmul"] + row["attention"] + row["forward_rest"] - row["forward"]) < 0.05
-    assert abs(row["forward"] + row["outside_forward"] - row["step"]) < 0.05
-    assert row["outside_forward"] > 0
-    # 2 layers x 7 projections + lm_head per tree forward; the prompts' prefill would add more
-    assert row["matmuls_per_step"] == 15
-    assert "| tiny |" in markdown({"tiny": row})
+    batches = [random_prompt(seed) for seed in (1, 2, 3)]
+    table = profile(model, "tiny", batches, max_new_tokens=24, replay=True)
+    fresh, replayed = table["tiny fresh"], table["tiny replayed"]
+    for row in (fresh, replayed):
+        assert row["forwards"] > 0 and row["tokens_per_step"] >= 1
+        assert abs(sum(row[phase] for phase in PHASES) - row["step"]) < 0.01
+        assert abs(row["host"] + row["forward"] - row["step"]) < 0.01
+        assert row["forward"] > 0 and row["hf_host_per_token"] > 0
+    # the second pass over the same prompts drafts their whole answers from the output history
+    assert replayed["tokens_per_step"] > 2 * fresh["tokens_per_step"]
+    assert "| tiny replayed |" in markdown(table)
+
+
+def test_a_batch_counts_one_step_per_forward():
+    model = make_tiny_llama(seed=22)
+    batches = [torch.cat([random_prompt(seed), random_prompt(seed + 10)]) for seed in (1, 2)]
+    row = profile(model, "batch", batches, max_new_tokens=12, replay=False)["batch fresh"]
+    assert row["tokens_per_step"] >= 2  # two rows advance together, at least one token each

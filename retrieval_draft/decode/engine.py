@@ -28,7 +28,7 @@ from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.planning.timing import ForwardTimer
 from retrieval_draft.model.row_processors import row_processors
-from retrieval_draft.model.tree_model import TreeModel
+from retrieval_draft.decode.scorer import TreeScorer
 from retrieval_draft.tree import DraftTree, build_tree
 
 
@@ -59,7 +59,13 @@ class DecodeOptions:
 @dataclass
 class DecodeStats:
     """Per-call statistics; times in seconds. A step is one row verified once: B rows
-    decoding together take B steps per forward."""
+    decoding together take B steps per forward.
+
+    A forward's host time splits into phases: ``draft_s`` (drafters' proposals), ``plan_s``
+    (merging, sizing and pruning the trees), ``pack_s`` (tokens, positions and masks to the
+    device), ``forward_s`` (the model call: on CPU the forward itself, on a GPU its launch),
+    ``readout_s`` (the host read, verification, tree observers) and ``accept_s`` (cache keep,
+    emitting: stop checks, streamers, drafters' ``accept``, learning)."""
 
     rows: int = 0
     forwards: int = 0  # tree forwards (batch steps)
@@ -70,12 +76,26 @@ class DecodeStats:
     tree_slots: int = 0  # rows x width, summed over forwards: tokens the forwards processed
     prefill_s: float = 0.0
     draft_s: float = 0.0
-    verify_s: float = 0.0
+    plan_s: float = 0.0
+    pack_s: float = 0.0
+    forward_s: float = 0.0
+    readout_s: float = 0.0
+    accept_s: float = 0.0
+
+    @property
+    def verify_s(self) -> float:
+        """Time after drafting: planning, packing, the forward, readout and accepting."""
+        return self.plan_s + self.pack_s + self.forward_s + self.readout_s + self.accept_s
 
     @property
     def decode_s(self) -> float:
         """Time after prefill: drafting plus verification."""
         return self.draft_s + self.verify_s
+
+    @property
+    def host_s(self) -> float:
+        """Time after prefill outside the model call (``decode_s - forward_s``)."""
+        return self.decode_s - self.forward_s
 
     @property
     def mean_accepted(self) -> float:
@@ -84,6 +104,7 @@ class DecodeStats:
 
     def as_dict(self) -> dict:
         """Plain numbers for JSON and printing."""
+        phases = ("draft_s", "plan_s", "pack_s", "forward_s", "readout_s", "accept_s")
         return {
             "rows": self.rows,
             "forwards": self.forwards,
@@ -93,8 +114,9 @@ class DecodeStats:
             "mean_tree_nodes": round(self.tree_nodes / self.steps, 2) if self.steps else 0.0,
             "mean_width": round(self.tree_slots / self.steps, 2) if self.steps else 0.0,
             "prefill_s": round(self.prefill_s, 4),
-            "draft_s": round(self.draft_s, 4),
+            **{name: round(getattr(self, name), 5) for name in phases},
             "verify_s": round(self.verify_s, 4),
+            "host_s": round(self.host_s, 5),
             "decode_tokens_per_s": round(self.step_tokens / self.decode_s, 2) if self.decode_s else 0.0,
         }
 
@@ -148,7 +170,7 @@ class _Row:
 
 
 def speculative_decode(
-    model: TreeModel,
+    model: TreeScorer,
     input_ids: torch.Tensor,
     drafters: Sequence[Sequence[Drafter]],
     options: DecodeOptions,
@@ -224,36 +246,47 @@ def speculative_decode(
 
 
 def _step(model, rows: list[_Row], options, planner: TreePlanner, should_stop, stats, timer) -> None:
-    """One batch step over the unfinished ``rows`` (in the model's row order)."""
-    tick = time.perf_counter()
+    """One batch step over the unfinished ``rows`` (in the model's row order), its phases timed
+    into ``stats`` (``DecodeStats``)."""
+    clock = time.perf_counter
+    started = clock()
     names = {drafter.name for row in rows for drafter in row.drafters}
     allowed = {name for name in sorted(names) if planner.should_ask(name)}
     asked = [_ask_drafters(row, allowed, options, planner.tree_budget) for row in rows]
     drafts = [[(name, draft) for name, (proposed, _) in row_asked.items() for draft in proposed] for row_asked in asked]
+    drafted = clock()
     roots = [int(row.context[row.emitted - 1]) for row in rows]
     cache_len = model.length
     trees = [model.verifiable(tree) for tree in planner.plan(roots, drafts, cache_len)]
-    tock = time.perf_counter()
+    planned = clock()
+    packed = model.pack(trees)
+    launched = clock()
     timer.start()
-    logits = model.score_trees(trees)
+    logits = model.score(packed)
     timer.stop()
+    scored = clock()
     width = logits.shape[1]
     row_logits = [logits[i, : tree.size] for i, tree in enumerate(trees)]
     verdicts = _verify(trees, row_logits, rows, options)
+    read = clock()
     planner.observe_forward(len(rows), len(rows) * width, timer.seconds(), cache_len)  # after the verdicts' host read: no extra wait
     model.keep([np.concatenate([[0], verdict.accepted]) for verdict in verdicts])
     truths = []
-    for tree, row, verdict, scored in zip(trees, rows, verdicts, row_logits):
+    for tree, row, verdict, tree_logits in zip(trees, rows, verdicts, row_logits):
         new = np.append(tree.tokens[verdict.accepted], verdict.bonus)
         truths.append(new)
         before = row.emitted
         _emit(row, new, options, should_stop)
         stats.step_tokens += row.emitted - before
         if row.sinks.on_logits is not None:
-            row.sinks.on_logits(emitted_rows(scored, verdict, row.emitted - before), row.padded())
-    planner.observe(drafts, truths, tock - tick, asked)
-    stats.draft_s += tock - tick
-    stats.verify_s += time.perf_counter() - tock
+            row.sinks.on_logits(emitted_rows(tree_logits, verdict, row.emitted - before), row.padded())
+    planner.observe(drafts, truths, planned - started, asked)
+    stats.draft_s += drafted - started
+    stats.plan_s += planned - drafted
+    stats.pack_s += launched - planned
+    stats.forward_s += scored - launched
+    stats.readout_s += read - scored
+    stats.accept_s += clock() - read
     stats.forwards += 1
     stats.steps += len(rows)
     stats.tree_nodes += sum(tree.size for tree in trees)
@@ -308,7 +341,7 @@ def _emit(row: _Row, new: np.ndarray, options: DecodeOptions, should_stop: StopC
         drafter.accept(new)
 
 
-def _drop_finished(model: TreeModel, rows: list[_Row], active: list[int]) -> list[int]:
+def _drop_finished(model: TreeScorer, rows: list[_Row], active: list[int]) -> list[int]:
     """The still-unfinished rows of ``active`` (row indices in the model's row order);
     finished ones leave the model's batch, which may reorder the others."""
     finished = [position for position, i in enumerate(active) if rows[i].done]

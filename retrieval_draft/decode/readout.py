@@ -83,32 +83,51 @@ def verify_trees(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
 def read_verdicts(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
     """Verify every job's tree with ONE host read; feed each job's observers from the same read.
 
-    Greedy verdicts equal ``verify_greedy``'s; sampled ones equal ``verify_sampling``'s with the
-    same generator state, which is left as ``verify_sampling`` leaves it.
+    Each observer (a drafter shared by rows is one observer) computes its request once, over
+    the nodes of every tree it observes. Greedy verdicts equal ``verify_greedy``'s; sampled ones
+    equal ``verify_sampling``'s with the same generator state, which is left as
+    ``verify_sampling`` leaves it.
     """
-    blocks, rewinds, widths = [], [], []
+    blocks, rewinds = [], []
     for job in jobs:
         if do_sample:
             choices, rewind = sampling_choices(job.tree, job.logits, job.processor, job.prefix, job.generator)
         else:
             choices, rewind = greedy_choices(job.tree, job.logits, job.processor, job.prefix), None
-        requests = [observer.tree_request(job.logits) for observer in job.observers]
-        columns = [choices.to(torch.int32)[:, None], *requests]
-        blocks.append(torch.cat(columns, dim=1).reshape(-1) if requests else columns[0].reshape(-1))
+        blocks.append(choices.to(torch.int32))
         rewinds.append(rewind)
-        widths.append([request.shape[1] for request in requests])
+    groups = _observer_groups(jobs)
+    widths = []
+    for observer, members in groups:
+        logits = [jobs[i].logits for i in members]
+        request = observer.tree_request(logits[0] if len(logits) == 1 else torch.cat(logits))
+        widths.append(request.shape[1])
+        blocks.append(request.reshape(-1))
     host = to_host(blocks[0] if len(blocks) == 1 else torch.cat(blocks))
-    verdicts, offset = [], 0
-    for job, rewind, width in zip(jobs, rewinds, widths):
-        n, total = job.tree.size, 1 + sum(width)
-        block = host[offset : offset + n * total].reshape(n, total)
-        offset += n * total
-        verdict = walk(job.tree, block[:, 0])
+    sizes = [job.tree.size for job in jobs]
+    offset = sum(sizes)
+    for (observer, members), width in zip(groups, widths):
+        nodes = sum(sizes[i] for i in members)
+        columns = host[offset : offset + nodes * width].reshape(nodes, width)
+        offset += nodes * width
+        row = 0
+        for i in members:
+            observer.tree_receive(jobs[i].tree.tokens, columns[row : row + sizes[i]])
+            row += sizes[i]
+    verdicts, start = [], 0
+    for job, rewind, size in zip(jobs, rewinds, sizes):
+        verdict = walk(job.tree, host[start : start + size])
+        start += size
         if rewind is not None:
             rewind(int(verdict.accepted.shape[0]))
-        column = 1
-        for observer, count in zip(job.observers, width):
-            observer.tree_receive(job.tree.tokens, block[:, column : column + count])
-            column += count
         verdicts.append(verdict)
     return verdicts
+
+
+def _observer_groups(jobs: Sequence[TreeJob]) -> list[tuple[Drafter, list[int]]]:
+    """Each distinct observer (by identity) with the indices of the jobs it observes, in order."""
+    groups: dict[int, tuple[Drafter, list[int]]] = {}
+    for i, job in enumerate(jobs):
+        for observer in job.observers:
+            groups.setdefault(id(observer), (observer, []))[1].append(i)
+    return list(groups.values())

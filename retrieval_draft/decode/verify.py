@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from retrieval_draft.model import transfer
 from retrieval_draft.tree import DraftTree
 
 # (input_ids of shape (1, L), scores of shape (1, V)) -> scores of shape (1, V);
@@ -79,11 +80,11 @@ def verify_greedy(
         prefix: shape (L,), context ids through the root (needed with a processor).
     """
     if not has_processor(processor):
-        return walk(tree, logits.argmax(dim=-1).numpy(force=True))
+        return walk(tree, argmax_rows(logits).numpy(force=True))
     kids = _child_lookup(tree)
     node, accepted = 0, []
     while True:
-        choice = int(node_scores(tree, logits, node, processor, prefix).argmax())
+        choice = int(argmax_rows(node_scores(tree, logits, node, processor, prefix)[None])[0])
         child = kids.get((node, choice))
         if child is None:
             return Verdict(np.asarray(accepted, dtype=np.int64), choice)
@@ -157,8 +158,17 @@ def greedy_choices(
     the context through the root (read only with a processor).
     """
     if not has_processor(processor):
-        return logits.argmax(dim=-1)
-    return tree_scores(tree, logits, processor, prefix).argmax(dim=-1)
+        return argmax_rows(logits)
+    return argmax_rows(tree_scores(tree, logits, processor, prefix))
+
+
+def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
+    """The index of each row's largest entry, shape (n,), int64, on ``scores``' device; ties and
+    NaN as ``torch.argmax`` (the first). On CPU numpy's argmax: torch's costs ~15x more there
+    over a vocabulary-wide row (40 us against 3 us at V = 49,152)."""
+    if transfer.computes_on_host(scores):
+        return torch.from_numpy(np.ascontiguousarray(scores.numpy().argmax(axis=-1)).astype(np.int64))
+    return scores.argmax(dim=-1)
 
 
 def sampling_choices(

@@ -57,3 +57,11 @@ def to_device(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tens
 def to_host(tensor: torch.Tensor) -> np.ndarray:
     """The step's one device -> host read: ``tensor`` as a numpy array (a view on CPU)."""
     return tensor.numpy(force=True)
+
+
+def computes_on_host(tensor: torch.Tensor) -> bool:
+    """Whether reductions over ``tensor`` (float32 logits rows) run faster as host arrays than as
+    torch ops: on CPU, where ``.numpy()`` is a view and numpy's argmax / the compiled top-k cost
+    a fraction of torch's (``verify.argmax_rows``, ``RecyclingDrafter.tree_request``). On a GPU
+    the device computes them and the step's one host read brings the results."""
+    return tensor.device.type == "cpu" and tensor.dtype == torch.float32

@@ -25,6 +25,8 @@ the device.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -37,6 +39,25 @@ from retrieval_draft.model.row_slots import RowSlots
 from retrieval_draft.model.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_forwards, skinny_linears
 from retrieval_draft.model.transfer import to_device
 from retrieval_draft.model.tree_attention import sdpa_configs, tree_attention
+
+
+@dataclass(frozen=True)
+class PackedTrees:
+    """One step's forward inputs (``TreeModel.pack``).
+
+    Attributes:
+        tokens: (B, W) int64 node tokens on the model's device (dead slots repeat the root).
+        position_ids: (B, W) int64 position of each slot, on the device.
+        mask: the attention mask (``TreeModel._inputs``), or None for the model's own causal mask.
+        positions: (B, W) int64, the same positions on the host (the slots' bookkeeping).
+        grouped: whether the forward may read grouped KV heads in place (a tree mask applies).
+    """
+
+    tokens: torch.Tensor
+    position_ids: torch.Tensor
+    mask: object
+    positions: np.ndarray
+    grouped: bool
 
 
 def context_limit(model: torch.nn.Module) -> int | None:
@@ -112,15 +133,14 @@ class TreeModel:
         """``tree`` as this model can score it (``AttentionLayout.verifiable``)."""
         return self.layout.verifiable(tree)
 
-    @torch.no_grad()
     def score_trees(self, trees: list[DraftTree]) -> torch.Tensor:
-        """One forward over every row's tree (``trees[i]`` for row i, root first; chains in
-        chain mode, see ``verifiable``).
+        """``score(pack(trees))``: one forward over every row's tree; logits (B, W, V), float32."""
+        return self.score(self.pack(trees))
 
-        Returns logits of shape (B, W, V), float32, W = the largest tree; row i's
-        entries past ``trees[i].size`` belong to dead slots and mean nothing.
-        Afterwards the cache holds T + W slots until ``keep`` trims it.
-        """
+    def pack(self, trees: list[DraftTree]) -> "PackedTrees":
+        """Every row's tree (``trees[i]`` for row i, root first; chains in chain mode, see
+        ``verifiable``) as the forward's inputs on the model's device: tokens, position ids
+        and mask in ONE host copy (host work only; nothing is written to the cache)."""
         if len(trees) != self.rows:
             raise InvalidInputError(f"{len(trees)} trees for a batch of {self.rows} rows")
         chain = self.layout.mode == CHAIN
@@ -134,17 +154,25 @@ class TreeModel:
         dense = self.slots.dense
         own_mask = dense and (chain or (width == 1 and not self.layout.windowed))
         tokens_t, positions_t, mask = self._inputs(tokens, positions, among, dense, own_mask)
-        skinny = self._skinny if self.rows * width in self.skinny_sizes else []
-        grouped = self._sdpa_configs if self.grouped_attention and not chain and not own_mask else []
+        return PackedTrees(tokens_t, positions_t, mask, positions, grouped=not chain and not own_mask)
+
+    @torch.no_grad()
+    def score(self, packed: "PackedTrees") -> torch.Tensor:
+        """One forward over the packed trees (``pack``). Returns logits of shape (B, W, V),
+        float32, W = the largest tree; row i's entries past ``trees[i].size`` belong to dead
+        slots and mean nothing. Afterwards the cache holds T + W slots until ``keep`` trims it."""
+        rows, width = packed.positions.shape
+        skinny = self._skinny if rows * width in self.skinny_sizes else []
+        grouped = self._sdpa_configs if self.grouped_attention and packed.grouped else []
         with tree_attention(grouped), skinny_linears(skinny):
             out = self.model(
-                input_ids=tokens_t,
-                **self.layout.position_kwargs(positions_t),
-                **({"attention_mask": mask} if mask is not None else {}),
+                input_ids=packed.tokens,
+                **self.layout.position_kwargs(packed.position_ids),
+                **({"attention_mask": packed.mask} if packed.mask is not None else {}),
                 **self.layout.cache_kwargs(self.cache),
                 use_cache=True,
             )
-        self.slots.open(positions)
+        self.slots.open(packed.positions)
         return out.logits.float()
 
     def keep(self, nodes: list[np.ndarray]) -> None:

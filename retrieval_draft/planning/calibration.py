@@ -49,15 +49,20 @@ class AcceptanceCalibrator:
         self.hits = np.zeros((DEPTH_BANDS.shape[0], buckets))
         self.trials = np.zeros((DEPTH_BANDS.shape[0], buckets))
 
-    def _cells(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(depth band, bucket) of each entry of a draft's conditional probabilities ``raw``."""
-        bucket = np.clip(np.searchsorted(self.edges, raw, side="right") - 1, 0, self.centers.shape[0] - 1)
-        band = np.searchsorted(DEPTH_BANDS, np.arange(raw.shape[0]), side="right") - 1
+    def _cells(self, raw: np.ndarray, depths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(depth band, bucket) of each conditional probability ``raw`` (shape (n,)) at ``depths``
+        (shape (n,), 0 = a draft's first token; default one draft's 0..n-1)."""
+        bucket = np.searchsorted(self.edges, raw, side="right") - 1
+        np.clip(bucket, 0, self.centers.shape[0] - 1, out=bucket)
+        if depths is None:
+            depths = np.arange(raw.shape[0])
+        band = np.searchsorted(DEPTH_BANDS, depths, side="right") - 1
         return band, bucket
 
-    def rates(self, raw: np.ndarray) -> np.ndarray:
-        """Calibrated conditional probabilities of one draft's tokens; ``raw`` shape (n,)."""
-        band, bucket = self._cells(raw)
+    def rates(self, raw: np.ndarray, depths: np.ndarray | None = None) -> np.ndarray:
+        """Calibrated conditional probabilities, shape (n,): of one draft's tokens ``raw`` (shape (n,)),
+        or, with ``depths`` (shape (n,), each token's index in its draft), of many drafts' tokens at once."""
+        band, bucket = self._cells(raw, depths)
         w = self.prior_weight
         pooled = (self.hits.sum(0) + w * self.prior_scale * self.centers) / (self.trials.sum(0) + w)
         return (self.hits[band, bucket] + w * pooled[bucket]) / (self.trials[band, bucket] + w)
@@ -83,3 +88,10 @@ class AcceptanceCalibrator:
         band, bucket = self._cells(raw[:tested])
         np.add.at(self.trials, (band[skip:], bucket[skip:]), 1.0)
         np.add.at(self.hits, (band[skip:right], bucket[skip:right]), 1.0)
+
+    def record(self, raw: np.ndarray, depths: np.ndarray, right: np.ndarray) -> None:
+        """Record tested tokens: conditional probabilities ``raw``, their indices in their drafts
+        ``depths`` and whether each was right, all shape (n,); each entry one trial."""
+        band, bucket = self._cells(raw, depths)
+        np.add.at(self.trials, (band, bucket), 1.0)
+        np.add.at(self.hits, (band[right], bucket[right]), 1.0)

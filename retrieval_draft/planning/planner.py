@@ -88,12 +88,24 @@ class TreePlanner:
 
     def candidates(self, root_token: int, drafts: SourcedDrafts) -> DraftTree:
         """Every drafted node under the pending token, with calibrated probabilities (unpruned)."""
-        calibrated = [
-            Draft(d.tokens, np.clip(self.calibrator(source).rates(d.probs), 1e-6, 1.0))
-            for source, d in drafts
-            if len(d)
-        ]
-        return cap_siblings(merge_drafts(root_token, calibrated))
+        return cap_siblings(merge_drafts(root_token, self.calibrated(drafts)))
+
+    def calibrated(self, drafts: SourcedDrafts) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Every non-empty draft as (tokens (n,), calibrated conditional probabilities (n,)), in
+        order; one calibrator call per drafter for all its drafts."""
+        by_source: dict[str, list[Draft]] = {}
+        for source, draft in drafts:
+            if len(draft):
+                by_source.setdefault(source, []).append(draft)
+        rated: dict[int, np.ndarray] = {}
+        for source, group in by_source.items():
+            lengths = [len(draft) for draft in group]
+            raw = np.concatenate([draft.probs for draft in group])
+            starts = np.repeat(np.cumsum([0, *lengths[:-1]]), lengths)
+            rates = np.clip(self.calibrator(source).rates(raw, np.arange(raw.shape[0]) - starts), 1e-6, 1.0)
+            for draft, part in zip(group, np.split(rates, np.cumsum(lengths)[:-1])):
+                rated[id(draft)] = part
+        return [(draft.tokens, rated[id(draft)]) for _, draft in drafts if len(draft)]
 
     def plan(self, roots: list[int], drafts: list[SourcedDrafts], cache_len: int = 0) -> list[DraftTree]:
         """Row i's tree rooted at its pending token ``roots[i]`` from ``drafts[i]``; every
@@ -160,15 +172,33 @@ class TreePlanner:
         return self.observed if rows == 1 else self.batch_observed
 
     def grade(self, drafts: SourcedDrafts, truth: np.ndarray) -> None:
-        """Grade every offered draft against ``truth`` (shape (t,)), each shared prefix once."""
-        graded: set[tuple] = set()  # (source, prefix) pairs already graded this step
+        """Grade every offered draft against ``truth`` (shape (t,)): a token is tested when the
+        tokens before it in its draft equal ``truth``, right when it does too. A drafter's drafts
+        that share a prefix grade it once (its first draft's probabilities): a tested token's
+        prefix is ``truth``'s, so (drafter, depth, token) names it."""
+        by_source: dict[str, list[Draft]] = {}
         for source, draft in drafts:
-            tokens = draft.tokens.tolist()
-            skip = 0
-            while skip < len(tokens) and (source, *tokens[: skip + 1]) in graded:
-                skip += 1
-            graded.update((source, *tokens[: i + 1]) for i in range(skip, len(tokens)))
-            self.calibrator(source).grade(draft.probs, draft.tokens, truth, skip)
+            if len(draft):
+                by_source.setdefault(source, []).append(draft)
+        for source, group in by_source.items():
+            tested = [_tested(draft.tokens, truth) for draft in group]
+            tokens = np.concatenate([draft.tokens[:count] for draft, count in zip(group, tested)])
+            if not tokens.size:
+                continue
+            raw = np.concatenate([draft.probs[:count] for draft, count in zip(group, tested)])
+            depths = np.concatenate([np.arange(count) for count in tested])
+            _, first = np.unique(depths * (int(tokens.max()) + 1) + tokens, return_index=True)
+            right = tokens[first] == truth[np.minimum(depths[first], truth.shape[0] - 1)]
+            right &= depths[first] < truth.shape[0]
+            self.calibrator(source).record(raw[first], depths[first], right)
+
+
+def _tested(tokens: np.ndarray, truth: np.ndarray) -> int:
+    """How many of a draft's ``tokens`` (shape (n,)) are tested against ``truth`` (shape (t,)):
+    through its first wrong token, or all it shares in length with ``truth``."""
+    n = min(tokens.shape[0], truth.shape[0])
+    wrong = np.flatnonzero(tokens[:n] != truth[:n])
+    return int(wrong[0]) + 1 if wrong.size else n
 
 
 def extended_cost(cost: VerifyCost, max_tokens: int) -> VerifyCost:

@@ -56,7 +56,7 @@ STEP_OVERHEAD_S = 0.0012  # drafting and bookkeeping per step, measured by the b
 
 
 class ReplayModel:
-    """Stands in for ``TreeModel`` when the greedy output is known: no forward passes.
+    """Stands in for ``TreeModel`` (a ``decode.scorer.TreeScorer``) when the greedy output is known: no forward passes.
 
     It serves a batch of one row. Row i of a tree's logits puts its maximum on the reference token
     that follows node i when the path through node i is the reference so
@@ -95,7 +95,24 @@ class ReplayModel:
         """``tree`` itself: the stand-in scores any tree shape."""
         return tree
 
+    @property
+    def rows(self) -> int:
+        """One row (``TreeScorer.rows``)."""
+        return 1
+
+    def pack(self, trees: list[DraftTree]) -> list[DraftTree]:
+        """The trees themselves: nothing to move to a device."""
+        return trees
+
     def score_trees(self, trees: list[DraftTree]) -> torch.Tensor:
+        """``score(pack(trees))``."""
+        return self.score(self.pack(trees))
+
+    def drop_rows(self, finished: list[int]) -> list[int]:
+        """The one row finished: none remain."""
+        return []
+
+    def score(self, trees: list[DraftTree]) -> torch.Tensor:
         """Logits of every node of the one row's tree, shape (1, n, V), float32; the root is the
         reference token at ``past_len``."""
         (tree,) = trees

@@ -1,140 +1,182 @@
-"""Where a decode step's time goes: tree forward (matmuls, attention, the rest) and the loop around it.
+"""Host time per decoding step, split by phase, through the README's ``generate`` call.
 
-    python -m tools.diagnostics.step_profile [--workloads code_raw,grounded,chat] [--prompts 5] [--json PATH]
+    python -m tools.diagnostics.step_profile [--models tiny,smollm2] [--batches 1,8]
+        [--max-new-tokens 128] [--datastore DIR] [--json PATH]
 
-Decodes the benchmark's prompts greedily with prompt lookup through the
-engine, as the plugin does (cost-aware trees, acceptance rates shared by the
-calls of the run), and profiles only the tree forwards with cProfile, so the
-prompts' prefill is not counted. Per workload it prints, in ms per decode
-step: the whole step, the tree forward, its matrix multiplications (MKL's
-``linear`` plus the skinny kernel), its attention (SDPA), the rest of the
-forward (per-layer Python and HF module code, norms, rotary embedding, logits
-copy) and what lies outside the forward (drafting, planning, verification,
-KV compaction). cProfile's own overhead inflates the "rest" column somewhat;
-speed claims come from ``python -m tools.bench``.
+Every configuration calls ``model.generate(..., custom_generate=retrieval_draft.generate,
+draft_stats=stats)`` with the defaults (a fresh ``PluginMemory`` each, warmed by one untimed
+call: cost curve, kernel compilation) and reads the phases ``DecodeStats`` times
+(``draft``, ``plan``, ``pack``, ``forward``, ``readout``, ``accept``), in ms per step (per
+forward: B rows verified together take one step). ``host`` is the step outside the model
+call. Beside it, plain HF greedy ``generate`` on the same prompts: its host ms per token,
+the call's wall time minus the time inside the model's forward (forward hooks).
+
+Models: ``tiny`` is a 2-layer Llama of width 64 with SmolLM2's 49,152-token vocabulary and
+random weights, so the forward is nearly free and host work shows; its prompts are random
+ids, ``fresh`` (each prompt once) and ``replayed`` (each prompt a second time: the output
+history drafts the whole answer, many tokens per step, so per-token work shows). ``smollm2``
+runs the benchmark's code_raw and chat prompts. Diagnostics, not speed claims (those come
+from ``python -m tools.bench``).
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
-import pstats
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
+import retrieval_draft
 from retrieval_draft.atomic import atomic_write_bytes
-from retrieval_draft.config import DraftConfig
-from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
-from retrieval_draft.drafters.registry import DraftSources, make_drafters
-from retrieval_draft.hf import make_planner
-from retrieval_draft.model.tree_model import TreeModel
-from tools.bench.workloads import WORKLOADS, build_workloads
+from retrieval_draft.decode.engine import DecodeStats
+from retrieval_draft.memory import PluginMemory
 
-# (column, cProfile function name): the leaf calls that a tree forward's matmuls and attention end in.
-MATMUL_CALLS = ("<built-in method torch._C._nn.linear>", "skinny_matmul")
-ATTENTION_CALLS = ("<built-in method torch._C._nn.scaled_dot_product_attention>",)
+PHASES = ("draft", "plan", "pack", "forward", "readout", "accept")
+TINY_VOCAB = 49_152  # SmolLM2's
 
 
-class ProfiledTreeModel(TreeModel):
-    """A ``TreeModel`` whose tree forwards run under ``profiler`` and add their wall time to ``forward_s``."""
+def tiny_model(seed: int = 0):
+    """The near-free model: 2 Llama layers of width 64, SmolLM2's vocabulary, random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    def __init__(self, model, profiler: cProfile.Profile, skinny_sizes=None) -> None:
-        super().__init__(model, skinny_sizes=skinny_sizes)
-        self.profiler = profiler
-        self.forward_s = 0.0
-
-    def score_trees(self, trees):
-        started = time.perf_counter()
-        self.profiler.enable()
-        try:
-            return super().score_trees(trees)
-        finally:
-            self.profiler.disable()
-            self.forward_s += time.perf_counter() - started
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 0
+    return model
 
 
-def own_time(profiler: cProfile.Profile, names: tuple[str, ...]) -> tuple[float, int]:
-    """(seconds spent inside the functions called ``names``, their own time; number of calls)."""
-    entries = [entry for (_, _, name), entry in pstats.Stats(profiler).stats.items() if name in names]
-    return float(sum(entry[2] for entry in entries)), int(sum(entry[1] for entry in entries))
+def random_batches(count: int, rows: int, length: int = 64, seed: int = 0) -> list[torch.Tensor]:
+    """``count`` batches of shape (rows, length) of random ids in [3, TINY_VOCAB)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, TINY_VOCAB, (rows, length), generator=generator) for _ in range(count)]
 
 
-def profile_prompts(model, prompts: list[torch.Tensor], max_new_tokens: int) -> dict:
-    """Decode ``prompts`` (each shape (1, L)) and split the decode steps' time; ms per step.
-
-    Returns steps, mean tree nodes, matmul calls per step, and ms per step for ``step``, ``forward``,
-    ``matmul``, ``attention``, ``forward_rest`` and ``outside_forward``.
-    """
-    # default tree budget, cost-aware; fresh rates shared by this run's calls only
-    planner = make_planner(model, DraftConfig(adaptive_tree=True, draft_learning=False), sampling=False)
-    profiler = cProfile.Profile()
-    steps = nodes = 0
-    decode_s = forward_s = 0.0
-    for ids in prompts:
-        tree_model = ProfiledTreeModel(model, profiler, skinny_sizes=planner.cost.skinny_sizes)
-        options = DecodeOptions(max_new_tokens=max_new_tokens, eos_ids=frozenset(_eos_ids(model)))
-        drafters = make_drafters(["prompt"], DraftSources())
-        _, stats = speculative_decode(tree_model, ids, [drafters], options, planner=planner)
-        steps += stats.steps
-        nodes += stats.tree_nodes
-        decode_s += stats.decode_s
-        forward_s += tree_model.forward_s  # prefill runs through prefill(), not score_trees()
-    matmul, matmul_calls = own_time(profiler, MATMUL_CALLS)
-    attention, _ = own_time(profiler, ATTENTION_CALLS)
-    per_step = lambda seconds: round(1000 * seconds / max(steps, 1), 2)  # noqa: E731
-    return {
-        "steps": steps,
-        "mean_tree_nodes": round(nodes / max(steps, 1), 2),
-        "matmuls_per_step": round(matmul_calls / max(steps, 1), 2),
-        "step": per_step(decode_s),
-        "forward": per_step(forward_s),
-        "matmul": per_step(matmul),
-        "attention": per_step(attention),
-        "forward_rest": per_step(forward_s - matmul - attention),
-        "outside_forward": per_step(decode_s - forward_s),
-    }
+@contextmanager
+def forward_clock(model):
+    """Yields a list that collects the seconds spent inside ``model``'s forward calls."""
+    spent, started = [], []
+    hooks = [model.register_forward_pre_hook(lambda *_: started.append(time.perf_counter())),
+             model.register_forward_hook(lambda *_: spent.append(time.perf_counter() - started.pop()))]
+    try:
+        yield spent
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
-def _eos_ids(model) -> list[int]:
-    eos = model.generation_config.eos_token_id
-    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+def ours(model, batches: list[torch.Tensor], max_new_tokens: int, memory: PluginMemory, **extra) -> dict:
+    """The README call on every batch; ms per step by phase, tokens and nodes per step."""
+    total = DecodeStats()
+    for ids in batches:
+        stats = DecodeStats()
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                       custom_generate=retrieval_draft.generate, draft_stats=stats, draft_memory=memory, **extra)
+        for name in ("forwards", "steps", "step_tokens", "tree_nodes"):
+            setattr(total, name, getattr(total, name) + getattr(stats, name))
+        for phase in PHASES:
+            setattr(total, f"{phase}_s", getattr(total, f"{phase}_s") + getattr(stats, f"{phase}_s"))
+    per_step = lambda seconds: round(1000 * seconds / max(total.forwards, 1), 3)  # noqa: E731
+    row = {phase: per_step(getattr(total, f"{phase}_s")) for phase in PHASES}
+    row.update(host=per_step(total.host_s), step=per_step(total.decode_s), forwards=total.forwards,
+               tokens_per_step=round(total.step_tokens / max(total.forwards, 1), 2),
+               nodes_per_step=round(total.tree_nodes / max(total.forwards, 1), 2))
+    return row
+
+
+def plain_host_ms(model, batches: list[torch.Tensor], max_new_tokens: int) -> float:
+    """Plain HF greedy: (wall - time inside the forward) per generated token (per row-token
+    step: a batch's B rows advance together), in ms."""
+    wall = tokens = 0.0
+    with forward_clock(model) as spent:
+        for ids in batches:
+            started = time.perf_counter()
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                 do_sample=False)
+            wall += time.perf_counter() - started
+            tokens += out.shape[1] - ids.shape[1]
+    return round(1000 * (wall - sum(spent)) / max(tokens, 1), 3)
+
+
+def profile(model, label: str, batches: list[torch.Tensor], max_new_tokens: int, replay: bool, **extra) -> dict:
+    """One configuration's row: our phases (fresh prompts; with ``replay`` also each prompt again)
+    and HF's host ms per token."""
+    memory = PluginMemory(persist=False)
+    ours(model, batches[:1], 16, memory, **extra)  # untimed: cost curve, compilation
+    rows = {f"{label} fresh": ours(model, batches[1:], max_new_tokens, memory, **extra)}
+    if replay:
+        rows[f"{label} replayed"] = ours(model, batches[1:], max_new_tokens, memory, **extra)
+    hf = plain_host_ms(model, batches[1:], max_new_tokens)
+    for row in rows.values():
+        row["hf_host_per_token"] = hf
+    return rows
 
 
 def markdown(table: dict) -> str:
-    columns = ("step", "forward", "matmul", "attention", "forward_rest", "outside_forward")
-    lines = ["| workload | steps | nodes/tree | " + " | ".join(f"{c} ms" for c in columns) + " |",
-             "|---|---:|---:|" + "---:|" * len(columns)]
-    for workload, row in table.items():
-        lines.append(f"| {workload} | {row['steps']} | {row['mean_tree_nodes']} | "
-                     + " | ".join(f"{row[c]:.1f}" for c in columns) + " |")
+    """The table: one row per configuration, ms per step."""
+    columns = ("host", *PHASES)
+    lines = ["| configuration | tokens/step | nodes/step | " + " | ".join(f"{c} ms" for c in columns)
+             + " | HF host ms/token |", "|---|---:|---:|" + "---:|" * (len(columns) + 1)]
+    for label, row in table.items():
+        lines.append(f"| {label} | {row['tokens_per_step']} | {row['nodes_per_step']} | "
+                     + " | ".join(f"{row[c]:.2f}" for c in columns) + f" | {row['hf_host_per_token']:.2f} |")
     return "\n".join(lines)
+
+
+def smollm2_batches(session, rows: int, count: int) -> list[torch.Tensor]:
+    """Benchmark prompts (code_raw, then chat) in batches of ``rows``, left-padded."""
+    from tools.bench.workloads import build_workloads
+
+    prompts = [p for group in build_workloads(["code_raw", "chat"], count * rows + rows, seed=0).values() for p in group]
+    texts = [session.tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False,
+                                                   add_generation_prompt=True) if p.chat else p.text for p in prompts]
+    batches = []
+    for start in range(0, (count + 1) * rows, rows):
+        encoded = session.tokenizer(texts[start : start + rows], padding=True, padding_side="left", return_tensors="pt")
+        batches.append(encoded["input_ids"])
+    return batches
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workloads", default="code_raw,grounded,chat", help=f"comma list of {','.join(WORKLOADS)}")
-    p.add_argument("--prompts", type=int, default=5, help="prompts per workload")
+    p.add_argument("--models", default="tiny,smollm2", help="comma list of tiny, smollm2")
+    p.add_argument("--batches", default="1,8", help="comma list of batch sizes")
+    p.add_argument("--prompts", type=int, default=4, help="timed batches per configuration")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--model", default=None, help="local model directory or .gguf (default SmolLM2-135M)")
+    p.add_argument("--datastore", help="also profile the tiny model with this store (SmolLM2's tokenizer)")
     p.add_argument("--json", help="write the table as JSON here")
     args = p.parse_args(argv)
-    from retrieval_draft.session import GenerationRequest, load_session
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models or not set(models) <= {"tiny", "smollm2"}:
+        p.error("--models takes tiny, smollm2 or both")
+    sizes = [int(b) for b in args.batches.split(",")]
+    torch.set_num_threads(1)  # the tiny model's forward is fastest on one thread
+    table: dict = {}
+    if "tiny" in models:
+        model = tiny_model()
+        for rows in sizes:
+            batches = random_batches(args.prompts + 1, rows, seed=rows)
+            table.update(profile(model, f"tiny B={rows}", batches, args.max_new_tokens, replay=True))
+            if args.datastore:
+                table.update(profile(model, f"tiny B={rows} datastore", batches, args.max_new_tokens, replay=False,
+                                     datastore=args.datastore))
+    if "smollm2" in models:
+        from retrieval_draft.session import load_session
 
-    session = load_session(args.model)
-    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    if not names or any(w not in WORKLOADS for w in names):
-        p.error(f"--workloads takes a comma list of {', '.join(WORKLOADS)}")
-    workloads = build_workloads(names, args.prompts, seed=0)
-    encode = lambda prompt: session.encode(GenerationRequest(prompt=prompt.text, chat=prompt.chat))  # noqa: E731
-    profile_prompts(session.model, [encode(workloads[names[0]][0])], 8)  # warm-up: cost curve, kernel compile
-    table = {name: profile_prompts(session.model, [encode(q) for q in group], args.max_new_tokens)
-             for name, group in workloads.items()}
+        torch.set_num_threads(2)
+        session = load_session()
+        for rows in sizes:
+            batches = smollm2_batches(session, rows, args.prompts)
+            table.update(profile(session.model, f"smollm2 B={rows}", batches, args.max_new_tokens, replay=False))
     print(markdown(table))
     if args.json:
-        payload = {"threads": torch.get_num_threads(), "ms_per_step": table}
+        payload = {"threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens, "ms_per_step": table}
         atomic_write_bytes(Path(args.json), (json.dumps(payload, indent=1) + "\n").encode())
     return 0
 

@@ -1,0 +1,61 @@
+"""On CPU, reductions over logits rows run as host arrays; they choose exactly what torch's ops choose."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from retrieval_draft.decode.verify import argmax_rows
+from retrieval_draft.drafters.recycling import RecyclingDrafter
+from retrieval_draft.drafters.row_top_k import top_k_rows
+
+
+def _rows(seed: int, ties: bool) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    rows = torch.randn(6, 4099, generator=generator)
+    if ties:  # coarse values: many exact ties, the largest among them
+        rows = torch.round(rows * 2) / 2
+    rows[2, 17] = float("inf")
+    rows[3, :] = -float("inf")
+    return rows
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_host_argmax_picks_torchs_index_ties_included(ties):
+    rows = _rows(0, ties)
+    assert torch.equal(argmax_rows(rows), rows.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_host_top_k_holds_the_k_largest_values_largest_first_lower_index_on_ties(ties):
+    rows = _rows(1, ties)[[0, 1, 4, 5]]  # finite rows (the +inf row's normaliser is not finite)
+    ids, values, log_norm = top_k_rows(rows.numpy(), 4)
+    expected = torch.topk(rows, 4, dim=-1).values.numpy()
+    np.testing.assert_array_equal(values, expected)
+    np.testing.assert_array_equal(np.take_along_axis(rows.numpy(), ids, axis=1), values)
+    np.testing.assert_allclose(log_norm, torch.logsumexp(rows.double(), dim=-1).numpy(), rtol=1e-6)
+    for row, chosen in zip(rows.numpy(), ids):
+        order = np.lexsort((np.arange(row.shape[0]), -row))[:4]  # by value, then lower index
+        np.testing.assert_array_equal(chosen, order)
+
+
+def test_recycling_records_the_models_top_k_probabilities_on_the_host_path():
+    rows = torch.randn(5, 300, generator=torch.Generator().manual_seed(2)) * 3
+    columns = RecyclingDrafter(300, k=4).tree_request(rows).numpy()
+    probs = torch.softmax(rows, dim=-1)
+    top = torch.topk(probs, 4, dim=-1)
+    np.testing.assert_array_equal(columns[:, :4], top.indices.numpy())
+    np.testing.assert_allclose(columns[:, 4:].view(np.float32), top.values.numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("width", [3, 64, 100, 4099])
+def test_host_top_k_finds_the_largest_entries_whatever_the_width_and_where_they_lie(width):
+    generator = torch.Generator().manual_seed(width)
+    rows = torch.randn(3, width, generator=generator)
+    rows[1, -1] = 50.0  # in the last, partial block
+    rows[2, :] = 1.0  # all tied
+    k = min(4, width)
+    ids, values, _ = top_k_rows(rows.numpy(), k)
+    for row, chosen in zip(rows.numpy(), ids):
+        np.testing.assert_array_equal(chosen, np.lexsort((np.arange(width), -row))[:k])
