@@ -251,10 +251,10 @@ def default_drafters(
     (a path or opened store, or a list of them) are given, logits recycling (with ``learning``
     the model's table kept across calls, else a table this call fills) and with ``learning``
     the model's output history."""
-    from retrieval_draft.drafters.datastore import open_checked_stores
-
     stores = ()
-    if datastore is not None:
+    if datastore is not None:  # the store's readers need datrie: imported only when a store is given
+        from retrieval_draft.drafters.datastore import open_checked_stores
+
         stores = open_checked_stores(datastore, vocab_size=model.config.vocab_size, tokenizer=tokenizer, memory=memory)
     if learning:
         sources = DraftSources(stores=stores, history=memory.model(model).history, recycled=memory.recycled(model))

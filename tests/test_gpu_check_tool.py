@@ -32,3 +32,21 @@ def test_the_tool_and_the_runtime_import_without_datrie_or_gguf():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_default_plugin_call_runs_where_datrie_cannot_be_imported():
+    """The GPU machines have no datrie: the plugin without datastore= must not need it."""
+    probe = (
+        "import sys; sys.modules['datrie'] = None; sys.modules['gguf'] = None\n"
+        "import torch, retrieval_draft\n"
+        "from tools.gpu_check import TINY\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        "torch.manual_seed(0); model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()\n"
+        "ids = torch.randint(3, 320, (1, 12))\n"
+        "ours = model.generate(ids, max_new_tokens=8, do_sample=False, custom_generate=retrieval_draft.generate)\n"
+        "plain = model.generate(ids, max_new_tokens=8, do_sample=False)\n"
+        "print(bool(torch.equal(ours, plain)))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "True"

@@ -81,6 +81,7 @@ class DecodeStats:
     forward_s: float = 0.0
     readout_s: float = 0.0
     accept_s: float = 0.0
+    device_forward_s: float = 0.0  # the forwards as the device timed them (``ForwardTimer``: CUDA events on a GPU)
 
     @property
     def verify_s(self) -> float:
@@ -94,8 +95,10 @@ class DecodeStats:
 
     @property
     def host_s(self) -> float:
-        """Time after prefill outside the model call (``decode_s - forward_s``)."""
-        return self.decode_s - self.forward_s
+        """Time after prefill outside the forward as the device ran it (``decode_s - device_forward_s``):
+        on CPU everything but the model call; on a GPU, where the call only launches the forward and
+        the readout waits for it, the host work the forward did not hide."""
+        return self.decode_s - self.device_forward_s
 
     @property
     def mean_accepted(self) -> float:
@@ -104,7 +107,7 @@ class DecodeStats:
 
     def as_dict(self) -> dict:
         """Plain numbers for JSON and printing."""
-        phases = ("draft_s", "plan_s", "pack_s", "forward_s", "readout_s", "accept_s")
+        phases = ("draft_s", "plan_s", "pack_s", "forward_s", "readout_s", "accept_s", "device_forward_s")
         return {
             "rows": self.rows,
             "forwards": self.forwards,
@@ -269,7 +272,8 @@ def _step(model, rows: list[_Row], options, planner: TreePlanner, should_stop, s
     row_logits = [logits[i, : tree.size] for i, tree in enumerate(trees)]
     verdicts = _verify(trees, row_logits, rows, options)
     read = clock()
-    planner.observe_forward(len(rows), len(rows) * width, timer.seconds(), cache_len)  # after the verdicts' host read: no extra wait
+    forward_seconds = timer.seconds()  # after the verdicts' host read: no extra wait
+    planner.observe_forward(len(rows), len(rows) * width, forward_seconds, cache_len)
     model.keep([np.concatenate([[0], verdict.accepted]) for verdict in verdicts])
     truths = []
     for tree, row, verdict, tree_logits in zip(trees, rows, verdicts, row_logits):
@@ -287,6 +291,7 @@ def _step(model, rows: list[_Row], options, planner: TreePlanner, should_stop, s
     stats.forward_s += scored - launched
     stats.readout_s += read - scored
     stats.accept_s += clock() - read
+    stats.device_forward_s += forward_seconds
     stats.forwards += 1
     stats.steps += len(rows)
     stats.tree_nodes += sum(tree.size for tree in trees)

@@ -1,22 +1,26 @@
 """Host time per decoding step, split by phase, through the README's ``generate`` call.
 
-    python -m tools.diagnostics.step_profile [--models tiny,smollm2] [--batches 1,8]
-        [--max-new-tokens 128] [--datastore DIR] [--json PATH]
+    python -m tools.diagnostics.step_profile [--models tiny,smollm2,llama-1b] [--batches 1,8]
+        [--max-new-tokens 128] [--datastore DIR] [--device cuda] [--json PATH]
 
 Every configuration calls ``model.generate(..., custom_generate=retrieval_draft.generate,
 draft_stats=stats)`` with the defaults (a fresh ``PluginMemory`` each, warmed by one untimed
 call: cost curve, kernel compilation) and reads the phases ``DecodeStats`` times
 (``draft``, ``plan``, ``pack``, ``forward``, ``readout``, ``accept``), in ms per step (per
-forward: B rows verified together take one step). ``host`` is the step outside the model
-call. Beside it, plain HF greedy ``generate`` on the same prompts: its host ms per token,
-the call's wall time minus the time inside the model's forward (forward hooks).
+forward: B rows verified together take one step), on the host's clock; ``device forward`` is
+the forward as the device timed it (CUDA events on a GPU) and ``host`` the step outside it
+(on a GPU the model call only launches the forward and ``readout`` waits for it). Beside it,
+plain HF greedy ``generate`` on the same prompts: its host ms per token, the call's wall
+time minus the time inside the model's forward (forward hooks, synchronised on a GPU), and
+the wall-time ratio of the two (``speed-up``, HF's wall over ours).
 
 Models: ``tiny`` is a 2-layer Llama of width 64 with SmolLM2's 49,152-token vocabulary and
 random weights, so the forward is nearly free and host work shows; its prompts are random
 ids, ``fresh`` (each prompt once) and ``replayed`` (each prompt a second time: the output
 history drafts the whole answer, many tokens per step, so per-token work shows). ``smollm2``
-runs the benchmark's code_raw and chat prompts. Diagnostics, not speed claims (those come
-from ``python -m tools.bench``).
+runs the benchmark's code_raw and chat prompts; ``llama-1b`` is a randomly initialised model
+of Llama 3.2 1B's shape in bfloat16 (for a GPU: a forward of realistic cost) with the tiny
+model's prompts. Diagnostics, not speed claims (those come from ``python -m tools.bench``).
 """
 
 from __future__ import annotations
@@ -38,32 +42,49 @@ PHASES = ("draft", "plan", "pack", "forward", "readout", "accept")
 TINY_VOCAB = 49_152  # SmolLM2's
 
 
-def tiny_model(seed: int = 0):
-    """The near-free model: 2 Llama layers of width 64, SmolLM2's vocabulary, random weights."""
+def tiny_model(seed: int = 0, shape: dict | None = None, device: str = "cpu", dtype=torch.float32):
+    """The near-free model: 2 Llama layers of width 64, SmolLM2's vocabulary, random weights
+    (``shape``: other Llama config fields, e.g. ``tools.gpu_check.LLAMA_SHAPES['1b']``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model = LlamaForCausalLM(config).eval()
+    fields = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2)
+    fields.update(shape or {})
+    config = LlamaConfig(**fields, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype).eval()
     model.generation_config.eos_token_id = 2
     model.generation_config.pad_token_id = 0
     return model
 
 
-def random_batches(count: int, rows: int, length: int = 64, seed: int = 0) -> list[torch.Tensor]:
+def random_batches(count: int, rows: int, length: int = 64, seed: int = 0, device: str = "cpu") -> list[torch.Tensor]:
     """``count`` batches of shape (rows, length) of random ids in [3, TINY_VOCAB)."""
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, TINY_VOCAB, (rows, length), generator=generator) for _ in range(count)]
+    return [torch.randint(3, TINY_VOCAB, (rows, length), generator=generator).to(device) for _ in range(count)]
+
+
+def _synchronize(model) -> None:
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 @contextmanager
 def forward_clock(model):
     """Yields a list that collects the seconds spent inside ``model``'s forward calls."""
     spent, started = [], []
-    hooks = [model.register_forward_pre_hook(lambda *_: started.append(time.perf_counter())),
-             model.register_forward_hook(lambda *_: spent.append(time.perf_counter() - started.pop()))]
+
+    def enter(*_):
+        _synchronize(model)
+        started.append(time.perf_counter())
+
+    def leave(*_):
+        _synchronize(model)
+        spent.append(time.perf_counter() - started.pop())
+
+    hooks = [model.register_forward_pre_hook(enter), model.register_forward_hook(leave)]
     try:
         yield spent
     finally:
@@ -73,35 +94,41 @@ def forward_clock(model):
 
 def ours(model, batches: list[torch.Tensor], max_new_tokens: int, memory: PluginMemory, **extra) -> dict:
     """The README call on every batch; ms per step by phase, tokens and nodes per step."""
-    total = DecodeStats()
+    total, wall = DecodeStats(), 0.0
     for ids in batches:
         stats = DecodeStats()
+        _synchronize(model)
+        started = time.perf_counter()
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
                        custom_generate=retrieval_draft.generate, draft_stats=stats, draft_memory=memory, **extra)
-        for name in ("forwards", "steps", "step_tokens", "tree_nodes"):
+        wall += time.perf_counter() - started
+        for name in ("forwards", "steps", "step_tokens", "tree_nodes", "new_tokens"):
             setattr(total, name, getattr(total, name) + getattr(stats, name))
-        for phase in PHASES:
+        for phase in (*PHASES, "device_forward"):
             setattr(total, f"{phase}_s", getattr(total, f"{phase}_s") + getattr(stats, f"{phase}_s"))
     per_step = lambda seconds: round(1000 * seconds / max(total.forwards, 1), 3)  # noqa: E731
     row = {phase: per_step(getattr(total, f"{phase}_s")) for phase in PHASES}
-    row.update(host=per_step(total.host_s), step=per_step(total.decode_s), forwards=total.forwards,
+    row.update(host=per_step(total.host_s), device_forward=per_step(total.device_forward_s), step=per_step(total.decode_s),
+               forwards=total.forwards, wall_s=wall, new_tokens=total.new_tokens,
                tokens_per_step=round(total.step_tokens / max(total.forwards, 1), 2),
                nodes_per_step=round(total.tree_nodes / max(total.forwards, 1), 2))
     return row
 
 
-def plain_host_ms(model, batches: list[torch.Tensor], max_new_tokens: int) -> float:
+def plain_host_ms(model, batches: list[torch.Tensor], max_new_tokens: int) -> tuple[float, float]:
     """Plain HF greedy: (wall - time inside the forward) per generated token (per row-token
-    step: a batch's B rows advance together), in ms."""
+    step: a batch's B rows advance together), in ms; and the calls' wall seconds."""
     wall = tokens = 0.0
     with forward_clock(model) as spent:
         for ids in batches:
+            _synchronize(model)
             started = time.perf_counter()
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                  do_sample=False)
+            _synchronize(model)
             wall += time.perf_counter() - started
             tokens += out.shape[1] - ids.shape[1]
-    return round(1000 * (wall - sum(spent)) / max(tokens, 1), 3)
+    return round(1000 * (wall - sum(spent)) / max(tokens, 1), 3), wall
 
 
 def profile(model, label: str, batches: list[torch.Tensor], max_new_tokens: int, replay: bool, **extra) -> dict:
@@ -112,20 +139,22 @@ def profile(model, label: str, batches: list[torch.Tensor], max_new_tokens: int,
     rows = {f"{label} fresh": ours(model, batches[1:], max_new_tokens, memory, **extra)}
     if replay:
         rows[f"{label} replayed"] = ours(model, batches[1:], max_new_tokens, memory, **extra)
-    hf = plain_host_ms(model, batches[1:], max_new_tokens)
+    hf, hf_wall = plain_host_ms(model, batches[1:], max_new_tokens)
     for row in rows.values():
         row["hf_host_per_token"] = hf
+        row["speedup"] = round(hf_wall / row.pop("wall_s"), 3)  # same prompts, same new tokens (greedy, identical)
     return rows
 
 
 def markdown(table: dict) -> str:
     """The table: one row per configuration, ms per step."""
-    columns = ("host", *PHASES)
-    lines = ["| configuration | tokens/step | nodes/step | " + " | ".join(f"{c} ms" for c in columns)
-             + " | HF host ms/token |", "|---|---:|---:|" + "---:|" * (len(columns) + 1)]
+    columns = ("host", "device_forward", *PHASES)
+    lines = ["| configuration | tokens/step | nodes/step | " + " | ".join(f"{c.replace('_', ' ')} ms" for c in columns)
+             + " | HF host ms/token | speed-up |", "|---|---:|---:|" + "---:|" * (len(columns) + 2)]
     for label, row in table.items():
         lines.append(f"| {label} | {row['tokens_per_step']} | {row['nodes_per_step']} | "
-                     + " | ".join(f"{row[c]:.2f}" for c in columns) + f" | {row['hf_host_per_token']:.2f} |")
+                     + " | ".join(f"{row[c]:.2f}" for c in columns)
+                     + f" | {row['hf_host_per_token']:.2f} | {row['speedup']:.2f}x |")
     return "\n".join(lines)
 
 
@@ -145,7 +174,8 @@ def smollm2_batches(session, rows: int, count: int) -> list[torch.Tensor]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", default="tiny,smollm2", help="comma list of tiny, smollm2")
+    p.add_argument("--models", default="tiny,smollm2", help="comma list of tiny, smollm2, llama-1b")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the tiny and llama-1b models)")
     p.add_argument("--batches", default="1,8", help="comma list of batch sizes")
     p.add_argument("--prompts", type=int, default=4, help="timed batches per configuration")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -153,18 +183,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the table as JSON here")
     args = p.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    if not models or not set(models) <= {"tiny", "smollm2"}:
-        p.error("--models takes tiny, smollm2 or both")
+    if not models or not set(models) <= {"tiny", "smollm2", "llama-1b"}:
+        p.error("--models takes a comma list of tiny, smollm2, llama-1b")
     sizes = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(1)  # the tiny model's forward is fastest on one thread
     table: dict = {}
-    if "tiny" in models:
-        model = tiny_model()
+    for name in [m for m in models if m != "smollm2"]:
+        if name == "tiny":
+            model = tiny_model(device=args.device)
+        else:
+            from tools.gpu_check import LLAMA_SHAPES
+
+            model = tiny_model(shape=LLAMA_SHAPES["1b"], device=args.device, dtype=torch.bfloat16)
         for rows in sizes:
-            batches = random_batches(args.prompts + 1, rows, seed=rows)
-            table.update(profile(model, f"tiny B={rows}", batches, args.max_new_tokens, replay=True))
+            batches = random_batches(args.prompts + 1, rows, seed=rows, device=args.device)
+            table.update(profile(model, f"{name} B={rows}", batches, args.max_new_tokens, replay=True))
             if args.datastore:
-                table.update(profile(model, f"tiny B={rows} datastore", batches, args.max_new_tokens, replay=False,
+                table.update(profile(model, f"{name} B={rows} datastore", batches, args.max_new_tokens, replay=False,
                                      datastore=args.datastore))
     if "smollm2" in models:
         from retrieval_draft.session import load_session
@@ -176,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
             table.update(profile(session.model, f"smollm2 B={rows}", batches, args.max_new_tokens, replay=False))
     print(markdown(table))
     if args.json:
-        payload = {"threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens, "ms_per_step": table}
+        device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+        payload = {"threads": torch.get_num_threads(), "device": device, "max_new_tokens": args.max_new_tokens,
+                   "ms_per_step": table}
         atomic_write_bytes(Path(args.json), (json.dumps(payload, indent=1) + "\n").encode())
     return 0
 
