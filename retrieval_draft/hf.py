@@ -10,7 +10,6 @@ they appear in this function's signature.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -20,7 +19,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from retrieval_draft.config import DEFAULTS, DraftConfig
-from retrieval_draft.decode.engine import DecodeOptions, DecodeStats, RowSinks, StopCheck, speculative_decode
+from retrieval_draft.decode.engine import DecodeOptions, DecodeStats, RowSinks, speculative_decode
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
@@ -130,13 +129,6 @@ def generate(
         given = [default_drafters(datastore, model, tokenizer, memory, config.draft_learning)] * rows  # one menu, per-row handles
     recorders = [score_recorder(generation_config, view) for view in row_processors(logits_processor, rows)]
     streamers = row_streamers(draft_streamer, rows)
-    inputs = DecodeInputs(
-        input_ids=input_ids, attention_mask=attention_mask, drafters=given, options=options,
-        processor=logits_processor,
-        generator=_sampling_generator(draft_seed) if options.do_sample else None,
-        should_stop=_extra_stop_check(stopping_criteria),
-        sinks=[_sinks(streamer, recorder) for streamer, recorder in zip(streamers, recorders)],
-    )
     # One generation at a time per model: a tree forward switches the model's attention
     # function and linear layers for its duration, which another thread must not see.
     with memory.model(model).lock:
@@ -144,7 +136,14 @@ def generate(
         for row, streamer in enumerate(streamers):
             if streamer is not None:
                 streamer.put(input_ids[row : row + 1, attention_mask[row].bool()].cpu())
-        outputs, stats = _decode(model, inputs, planner)
+        measured = planner.cost.skinny_sizes if planner.cost is not None else None
+        outputs, stats = speculative_decode(
+            TreeModel(model, skinny_sizes=measured), input_ids.cpu(), given, options, attention_mask=attention_mask,
+            planner=planner, processor=logits_processor,
+            generator=_sampling_generator(draft_seed) if options.do_sample else None,
+            should_stop=_extra_stop_check(stopping_criteria),
+            sinks=[_sinks(streamer, recorder) for streamer, recorder in zip(streamers, recorders)],
+        )
         for streamer in streamers:
             if streamer is not None:
                 streamer.end()
@@ -154,40 +153,6 @@ def generate(
         draft_stats.__dict__.update(stats.__dict__)
     sequences = padded_sequences(input_ids, outputs, pad_token_id(generation_config, options.eos_ids))
     return build_output(sequences, generation_config, recorders)
-
-
-@dataclass(frozen=True)
-class DecodeInputs:
-    """One call's decoding inputs for B rows (``hf.generate`` builds them, ``_decode`` runs them).
-
-    Attributes:
-        input_ids, attention_mask: (B, L) int64, left padding (mask 0) only.
-        drafters: B lists of drafters (an instance may serve several rows: ``Drafter.for_row``).
-        options: the validated options.
-        processor: HF's logits processor for the whole batch.
-        generator: the sampling generator, or None for greedy.
-        should_stop: per-token check of the stopping criteria beyond EOS and length.
-        sinks: B ``RowSinks``: each row's streamer and score recorder.
-    """
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    drafters: list[list[Drafter]]
-    options: DecodeOptions
-    processor: object
-    generator: torch.Generator | None
-    should_stop: StopCheck | None
-    sinks: list[RowSinks]
-
-
-def _decode(model, inputs: DecodeInputs, planner: TreePlanner) -> tuple[list[np.ndarray], DecodeStats]:
-    """Every row's new tokens (B arrays of shape (m_i,)) and the call's statistics."""
-    measured = planner.cost.skinny_sizes if planner.cost is not None else None
-    return speculative_decode(
-        TreeModel(model, skinny_sizes=measured), inputs.input_ids.cpu(), inputs.drafters, inputs.options,
-        attention_mask=inputs.attention_mask, planner=planner, processor=inputs.processor,
-        generator=inputs.generator, should_stop=inputs.should_stop, sinks=inputs.sinks,
-    )
 
 
 def row_lists(drafters: Sequence, rows: int) -> list[list[Drafter]]:

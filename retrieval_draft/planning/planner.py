@@ -13,10 +13,10 @@ the node budget goes where drafts are good; when drafts do not pay, W is 1
 ``tree_budget`` nodes.
 
 The cost curve is measured up to 64 tokens; beyond that it is extended along
-the slope of its last stretch (``extended_cost``). Forwards of several rows
-also read B caches, so their times are corrected by an ``ObservedCost`` of
-their own, kept apart from the model's single-row corrections; both correct
-the curve per band of cache length (trees after a long prompt cost more per node).
+the slope of its last stretch (``extended_cost``). One ``ObservedCost`` (the model's,
+kept by the plugin) corrects it with the forward times decoding sees, per band of rows
+(forwards of several rows also read B caches) and of cache length (trees after a long
+prompt cost more per node).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ class TreePlanner:
             the rates earlier calls observed); None starts from the priors.
         gate: decides which drafters are asked each step (only with a cost
             curve, which prices an accepted token); default a fresh ``DrafterGate``.
-        observed: corrections of ``cost`` from the single-row forward times decoding
-            sees, shared like ``calibrators`` (the plugin keeps one per model).
+        observed: corrections of ``cost`` from the forward times decoding sees (by rows and
+            cache length), shared like ``calibrators`` (the plugin keeps one per model).
     """
 
     def __init__(
@@ -67,7 +67,6 @@ class TreePlanner:
         self.overhead_s = 0.0
         self.gate = gate if gate is not None else DrafterGate()
         self.observed = observed if observed is not None else ObservedCost()
-        self.batch_observed = ObservedCost()  # corrections of forwards over several rows
         self._curves: dict[int, VerifyCost] = {}  # rows -> the cost curve extended to cover them
 
     def should_ask(self, name: str) -> bool:
@@ -130,7 +129,7 @@ class TreePlanner:
         for probs in ranked:
             summed = np.concatenate([[0.0], np.cumsum(probs)])
             gains += summed[np.minimum(np.arange(most + 1), probs.shape[0])]
-        cost = self._corrections(rows).apply(self._curve(rows), cache_len)
+        cost = self.observed.apply(self._curve(rows), cache_len, rows)
         tokens = rows * np.arange(1, most + 2)
         seconds = cost.seconds[np.minimum(tokens, cost.max_nodes)] + self.overhead_s
         return int(np.argmax(gains / seconds))
@@ -139,7 +138,7 @@ class TreePlanner:
         """A forward over ``rows`` rows' trees, ``tokens`` new tokens in all (rows x width), after
         ``cache_len`` cached tokens, took ``seconds``."""
         if self.cost is not None:
-            self._corrections(rows).observe(self._curve(rows), tokens, seconds, cache_len)
+            self.observed.observe(self._curve(rows), tokens, seconds, cache_len, rows)
 
     def observe(
         self, drafts: list[SourcedDrafts], truths: list[np.ndarray], draft_seconds: float, asked: list[dict]
@@ -166,10 +165,6 @@ class TreePlanner:
         if rows not in self._curves:
             self._curves[rows] = extended_cost(self.cost, rows * (self.tree_budget + 1))
         return self._curves[rows]
-
-    def _corrections(self, rows: int) -> ObservedCost:
-        """Observed corrections for forwards of ``rows`` rows: the shared single-row ones, or the batch ones."""
-        return self.observed if rows == 1 else self.batch_observed
 
     def grade(self, drafts: SourcedDrafts, truth: np.ndarray) -> None:
         """Grade every offered draft against ``truth`` (shape (t,)): a token is tested when the
