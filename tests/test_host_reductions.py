@@ -59,3 +59,12 @@ def test_host_top_k_finds_the_largest_entries_whatever_the_width_and_where_they_
     ids, values, _ = top_k_rows(rows.numpy(), k)
     for row, chosen in zip(rows.numpy(), ids):
         np.testing.assert_array_equal(chosen, np.lexsort((np.arange(width), -row))[:k])
+
+
+def test_recycling_records_no_id_past_the_vocabulary_for_a_row_of_nan():
+    rows = torch.randn(3, 300, generator=torch.Generator().manual_seed(3))
+    rows[1] = float("nan")
+    drafter = RecyclingDrafter(300, k=4)
+    drafter.tree_receive(np.array([5, 6, 7]), drafter.tree_request(rows).numpy())
+    assert drafter.successors.max() < 300 and int(drafter.successors[6, 0]) == -1  # EMPTY
+    assert drafter.propose(np.array([6]), 4) == []

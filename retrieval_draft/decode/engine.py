@@ -225,7 +225,7 @@ def speculative_decode(
         planner.register(row.drafters)
 
     for row in rows:  # each row draws from its own stream: tree sizes never shift randomness between rows
-        row.generator = generator if count == 1 else _row_generator(generator)
+        row.generator = _row_generator(generator)
     started = time.perf_counter()
     logits = model.prefill(input_ids, attention_mask)
     roots = [build_tree(int(row.context[row.emitted - 1]), [], 0) for row in rows]
@@ -318,8 +318,8 @@ def _ask_drafters(row: _Row, allowed: set[str], options: DecodeOptions, tree_bud
 
 
 def _row_generator(generator: torch.Generator | None) -> torch.Generator | None:
-    """A row's own sampling stream, seeded from the call's ``generator`` (None: greedy). One row
-    draws from the call's generator itself, so a seeded prompt samples what it always did."""
+    """A row's own sampling stream, seeded from the call's ``generator`` (None: greedy), one
+    prompt as each row of a batch: a seed fixes every row's output."""
     if generator is None:
         return None
     return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))

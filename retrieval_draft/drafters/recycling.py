@@ -75,7 +75,7 @@ class RecyclingDrafter(Drafter):
             rows = logits[:, : self.vocab_size].float()
             if transfer.computes_on_host(rows):  # torch.topk and logsumexp cost ~4x more on CPU (row_top_k)
                 ids, values, log_norm = top_k_rows(rows.numpy(), self.k)
-                indices = torch.from_numpy(ids)
+                indices = torch.from_numpy(np.where(ids < rows.shape[1], ids, EMPTY))  # slots a NaN row left unfilled
                 probs = torch.from_numpy(np.nan_to_num(np.exp(values - log_norm[:, None]).astype(np.float32), nan=0.0))
             else:
                 top = torch.topk(rows, self.k, dim=-1)

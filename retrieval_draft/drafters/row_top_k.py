@@ -112,8 +112,9 @@ def top_k_rows(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.n
         k: entries kept per row.
 
     Returns:
-        ids (n, k) int64, largest first (ties: lower index first); their values (n, k)
-        float32; log(sum(exp(row))) (n,) float64 (NaN for a row with no finite entry).
+        ids (n, k) int64, largest first (ties: lower index first; NaN entries are never chosen,
+        and a row with fewer than k other entries holds V in the slots left over); their values
+        (n, k) float32; log(sum(exp(row))) (n,) float64 (NaN for a row with no finite entry).
     """
     values = np.ascontiguousarray(values, dtype=np.float32)
     rows = values.shape[0]

@@ -212,10 +212,6 @@ class TreeModel:
     def _pack(trees: list[DraftTree], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Trees padded to ``width``: tokens (B, W), depths (B, W), and (B, W, W) bool, which
         new slots each new slot sees (its ancestors and itself; a dead slot only itself)."""
-        if len(trees) == 1 and trees[0].size == width:
-            tree = trees[0]
-            as_ids = lambda values: np.asarray(values, dtype=np.int64)[None]  # noqa: E731
-            return as_ids(tree.tokens), as_ids(tree.depths), tree.ancestor_mask()[None]
         rows = len(trees)
         tokens = np.zeros((rows, width), dtype=np.int64)
         depths = np.zeros((rows, width), dtype=np.int64)
