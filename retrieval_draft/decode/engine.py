@@ -235,10 +235,10 @@ def speculative_decode(
         if row.sinks.on_logits is not None:
             row.sinks.on_logits(logits[i][None], row.padded())
     stats.prefill_s = time.perf_counter() - started
-    timer = ForwardTimer(logits.device)
+    run = _Run(model, options, planner, should_stop, stats, ForwardTimer(logits.device))
     active = _drop_finished(model, rows, list(range(len(rows))))
     while active:
-        _step(model, [rows[i] for i in active], options, planner, should_stop, stats, timer)
+        _step(run, [rows[i] for i in active])
         active = _drop_finished(model, rows, active)
     outputs = [row.output() for row in rows]
     for row, output in zip(rows, outputs):
@@ -248,9 +248,23 @@ def speculative_decode(
     return outputs, stats
 
 
-def _step(model, rows: list[_Row], options, planner: TreePlanner, should_stop, stats, timer) -> None:
+@dataclass(frozen=True)
+class _Run:
+    """What every step of one generation shares: the model, the options, the planner, the stop
+    check beyond EOS and length, the statistics it fills and the forward timer."""
+
+    model: TreeScorer
+    options: DecodeOptions
+    planner: TreePlanner
+    should_stop: StopCheck | None
+    stats: DecodeStats
+    timer: ForwardTimer
+
+
+def _step(run: _Run, rows: list[_Row]) -> None:
     """One batch step over the unfinished ``rows`` (in the model's row order), its phases timed
-    into ``stats`` (``DecodeStats``)."""
+    into ``run.stats``."""
+    model, options, planner, stats, timer = run.model, run.options, run.planner, run.stats, run.timer
     clock = time.perf_counter
     started = clock()
     names = {drafter.name for row in rows for drafter in row.drafters}
@@ -280,7 +294,7 @@ def _step(model, rows: list[_Row], options, planner: TreePlanner, should_stop, s
         new = np.append(tree.tokens[verdict.accepted], verdict.bonus)
         truths.append(new)
         before = row.emitted
-        _emit(row, new, options, should_stop)
+        _emit(row, new, options, run.should_stop)
         stats.step_tokens += row.emitted - before
         if row.sinks.on_logits is not None:
             row.sinks.on_logits(emitted_rows(tree_logits, verdict, row.emitted - before), row.padded())
