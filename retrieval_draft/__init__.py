@@ -6,7 +6,8 @@ pass. Greedy output is token-identical to the model alone; sampling keeps the
 model's distribution.
 """
 
-from retrieval_draft.decode.engine import DecodeOptions, DecodeStats, speculative_decode
+from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
+from retrieval_draft.decode.stats import DecodeStats
 from retrieval_draft.errors import RetrievalDraftError
 from retrieval_draft.hf import generate, open_datastore
 from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory

@@ -19,7 +19,8 @@ from transformers.generation import GenerateDecoderOnlyOutput
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from retrieval_draft.config import DEFAULTS, DraftConfig
-from retrieval_draft.decode.engine import DecodeOptions, DecodeStats, RowSinks, speculative_decode
+from retrieval_draft.decode.engine import DecodeOptions, RowSinks, speculative_decode
+from retrieval_draft.decode.stats import DecodeStats
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter

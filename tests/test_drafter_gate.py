@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 import retrieval_draft
-from retrieval_draft.decode.engine import DecodeStats
+from retrieval_draft.decode.stats import DecodeStats
 from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.planning.drafter_gate import DrafterGate

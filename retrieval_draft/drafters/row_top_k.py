@@ -17,10 +17,10 @@ import numba
 import numpy as np
 
 BLOCK = 64  # entries per group
-_FAST = {"reassoc", "contract", "arcp", "nsz", "afn"}  # lets the exp-sum vectorise; comparisons stay exact
+_FAST = ("reassoc", "contract", "arcp", "nsz", "afn")  # lets the exp-sum vectorise; comparisons stay exact
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+@numba.njit(cache=True, nogil=True, fastmath=set(_FAST))
 def _exp_sum(row: np.ndarray, peak: float) -> float:
     """sum(exp(row - peak)) over a row whose entries are all <= peak."""
     one, c2, c3, c4, c5, c6 = (np.float32(1.0), np.float32(0.5), np.float32(1 / 6), np.float32(1 / 24),

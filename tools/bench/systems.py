@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 import retrieval_draft
-from retrieval_draft.decode.engine import DecodeStats
+from retrieval_draft.decode.stats import DecodeStats
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.oracle import OracleDrafter

@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from retrieval_draft.config import DEFAULTS
-from retrieval_draft.decode.engine import DecodeOptions, DecodeStats, speculative_decode
+from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
+from retrieval_draft.decode.stats import DecodeStats
 from retrieval_draft.tree import DraftTree
 from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.base import Drafter
