@@ -74,14 +74,21 @@ class RecyclingDrafter(Drafter):
         with torch.no_grad():
             rows = logits[:, : self.vocab_size].float()
             if transfer.computes_on_host(rows):  # torch.topk and logsumexp cost ~4x more on CPU (row_top_k)
-                ids, values, log_norm = top_k_rows(rows.numpy(), self.k)
-                indices = torch.from_numpy(np.where(ids < rows.shape[1], ids, EMPTY))  # slots a NaN row left unfilled
-                probs = torch.from_numpy(np.nan_to_num(np.exp(values - log_norm[:, None]).astype(np.float32), nan=0.0))
-            else:
-                top = torch.topk(rows, self.k, dim=-1)
-                indices = top.indices
-                probs = torch.exp(top.values - torch.logsumexp(rows, dim=-1, keepdim=True))
+                return torch.from_numpy(self._host_request(rows.numpy()))
+            top = torch.topk(rows, self.k, dim=-1)
+            indices = top.indices
+            probs = torch.exp(top.values - torch.logsumexp(rows, dim=-1, keepdim=True))
         return torch.cat([indices.to(torch.int32), probs.view(torch.int32)], dim=1)
+
+    def _host_request(self, rows: np.ndarray) -> np.ndarray:
+        """``tree_request``'s columns computed on the host from (n, V) float32 logits: (n, 2k) int32."""
+        ids, values, log_norm = top_k_rows(rows, self.k)
+        probs = np.exp(values - log_norm[:, None]).astype(np.float32)
+        probs[~np.isfinite(probs)] = 0.0  # a row of NaN
+        columns = np.empty((rows.shape[0], 2 * self.k), dtype=np.int32)
+        columns[:, : self.k] = np.where(ids < rows.shape[1], ids, EMPTY)  # slots a NaN row left unfilled
+        columns[:, self.k :] = probs.view(np.int32)
+        return columns
 
     def tree_receive(self, tokens: np.ndarray, columns: np.ndarray) -> None:
         """Record ``tree_request``'s columns (shape (n, 2k), host) as the successors of
