@@ -39,11 +39,12 @@ class DraftTree:
         for name in ("parents", "depths", "probs"):
             if getattr(self, name).shape != (n,):
                 raise ValueError(f"DraftTree.{name} must have shape ({n},)")
-        child_parents = self.parents[1:]
-        if np.any(child_parents < 0) or np.any(child_parents >= np.arange(1, n)):
-            raise ValueError("DraftTree nodes must be in topological order")
-        if np.any(self.depths[1:] != self.depths[child_parents] + 1):
-            raise ValueError("DraftTree depths disagree with parents")
+        if n > 1:
+            child_parents = self.parents[1:]
+            if child_parents.min() < 0 or (child_parents >= np.arange(1, n)).any():
+                raise ValueError("DraftTree nodes must be in topological order")
+            if (self.depths[1:] != self.depths[child_parents] + 1).any():
+                raise ValueError("DraftTree depths disagree with parents")
 
     @property
     def size(self) -> int:

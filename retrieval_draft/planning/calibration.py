@@ -53,7 +53,7 @@ class AcceptanceCalibrator:
         """(depth band, bucket) of each conditional probability ``raw`` (shape (n,)) at ``depths``
         (shape (n,), 0 = a draft's first token; default one draft's 0..n-1)."""
         bucket = np.searchsorted(self.edges, raw, side="right") - 1
-        np.clip(bucket, 0, self.centers.shape[0] - 1, out=bucket)
+        np.maximum(np.minimum(bucket, self.centers.shape[0] - 1, out=bucket), 0, out=bucket)
         if depths is None:
             depths = np.arange(raw.shape[0])
         band = np.searchsorted(DEPTH_BANDS, depths, side="right") - 1

@@ -101,7 +101,7 @@ class TreePlanner:
             lengths = [len(draft) for draft in group]
             raw = np.concatenate([draft.probs for draft in group])
             starts = np.repeat(np.cumsum([0, *lengths[:-1]]), lengths)
-            rates = np.clip(self.calibrator(source).rates(raw, np.arange(raw.shape[0]) - starts), 1e-6, 1.0)
+            rates = np.minimum(np.maximum(self.calibrator(source).rates(raw, np.arange(raw.shape[0]) - starts), 1e-6), 1.0)
             for draft, part in zip(group, np.split(rates, np.cumsum(lengths)[:-1])):
                 rated[id(draft)] = part
         return [(draft.tokens, rated[id(draft)]) for _, draft in drafts if len(draft)]
@@ -219,11 +219,10 @@ def cap_siblings(tree: DraftTree) -> DraftTree:
     parents = np.maximum(tree.parents, 0)
     conditional = np.divide(tree.probs, tree.probs[parents], out=np.zeros_like(tree.probs), where=tree.probs[parents] > 0)
     conditional[0] = 0.0
-    totals = np.zeros(tree.size)
-    np.add.at(totals, parents[1:], conditional[1:])
+    totals = np.bincount(parents[1:], weights=conditional[1:], minlength=tree.size)
     conditional /= np.maximum(totals[parents], 1.0)
-    probs = np.ones(tree.size)
-    for depth in range(1, int(tree.depths.max()) + 1):
-        level = tree.depths == depth
-        probs[level] = conditional[level] * probs[parents[level]]
-    return DraftTree(tree.tokens, tree.parents, tree.depths, probs)
+    scaled, above = conditional.tolist(), parents.tolist()
+    probs = [1.0] * tree.size
+    for node in range(1, tree.size):  # parents come before children
+        probs[node] = scaled[node] * probs[above[node]]
+    return DraftTree(tree.tokens, tree.parents, tree.depths, np.asarray(probs))
