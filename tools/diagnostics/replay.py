@@ -186,7 +186,7 @@ class CeilingDrafter(Drafter):
 class _UnobservedCost(ObservedCost):
     """Ignores observed forward times: the stand-in's take none, the cost curve models them."""
 
-    def observe(self, cost: VerifyCost, size: int, seconds: float, cache_len: int = 0) -> None:
+    def observe(self, cost: VerifyCost, size: int, seconds: float, cache_len: int = 0, rows: int = 1) -> None:
         return None
 
 
