@@ -9,7 +9,9 @@ schemas and lengths, and that every stored id is below the vocabulary size.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import datrie
 import numpy as np
@@ -18,11 +20,14 @@ import pyarrow as pa
 from retrieval_draft.errors import CorruptDatastoreError, TokenIdOutOfRangeError
 from retrieval_draft.store.arrow_io import read_table
 from retrieval_draft.store.layout import (
-    NGRAM, PACKED_SINCE, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE, separator_id, token_dtype,
+    NGRAM, PACKED_SINCE, SHARDED_VERSION, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE, separator_id, token_dtype,
 )
 from retrieval_draft.store.manifest import check_sizes, read_manifest, verify_files
 from retrieval_draft.store.packed import max_position, packed_words, position_bits, unpack_positions
 from retrieval_draft.store.suffix_trie import key_width, load_trie
+
+if TYPE_CHECKING:
+    from retrieval_draft.store.sharded import ShardedDatastore
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,29 @@ class Datastore:
         """The suffix array unpacked, (T,) uint32 (a copy for v3 stores: for tools and tests)."""
         return unpack_positions(self.suffix_words, self.position_bits, self.tokens.size)
 
+    @property
+    def shards(self) -> tuple["Datastore", ...]:
+        """The indexes drafted from: this store alone (a sharded store has many, ``sharded``)."""
+        return (self,)
+
+    def first_ranges(self) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi), each (vocab_size,) uint32: the suffix-array rows starting with id t are
+        lo[t]:hi[t]. Format 3 stores them (rows 0..vocab-1 of suffix_ranges); for v1/v2 stores
+        every id gets the whole array, which the kernels' binary search narrows the same way."""
+        vocab = self.vocab_size
+        if self.manifest["format_version"] >= PACKED_SINCE:
+            return self.range_lo[:vocab], self.range_hi[:vocab]
+        lo, hi = np.zeros(vocab, np.uint32), np.full(vocab, self.tokens.size, np.uint32)
+        lo.flags.writeable = hi.flags.writeable = False  # the same Numba types as memory-mapped views
+        return lo, hi
+
+    @cached_property
+    def kernel_arrays(self) -> tuple:
+        """The query kernels' view of this store's shards (``shard_arrays``), built once per store."""
+        from retrieval_draft.store.shard_arrays import shard_arrays
+
+        return shard_arrays(self.shards, self.separator, self.vocab_size)
+
 
 def _check_storage(manifest: dict) -> np.dtype:
     """The stream dtype after checking the storage section against the vocabulary size."""
@@ -109,7 +137,7 @@ def _check_storage(manifest: dict) -> np.dtype:
     return dtype
 
 
-def _check_ids(name: str, ids: np.ndarray, vocab_size: int, sep: int | None) -> None:
+def check_ids(name: str, ids: np.ndarray, vocab_size: int, sep: int | None) -> None:
     """Raise TokenIdOutOfRangeError if any id (other than ``sep``) is >= vocab_size."""
     if ids.size == 0:
         return
@@ -125,12 +153,13 @@ def _check_values(manifest: dict, tokens, words, bits, ranges, ngrams: NgramTabl
     if max_position(words, bits, n) >= n or (ranges["hi"].size and int(ranges["hi"].max()) > n):
         raise CorruptDatastoreError("suffix array or ranges point past the end of the stream")
     vocab_size = int(manifest["tokenizer"]["vocab_size"])
-    _check_ids(TOKENS, tokens, vocab_size, separator_id(tokens.dtype))
-    _check_ids(NGRAM, ngrams.context, vocab_size, None)
-    _check_ids(NGRAM, ngrams.next, vocab_size, None)
+    check_ids(TOKENS, tokens, vocab_size, separator_id(tokens.dtype))
+    check_ids(NGRAM, ngrams.context, vocab_size, None)
+    check_ids(NGRAM, ngrams.next, vocab_size, None)
 
 
-def _ngram_table(directory: Path, dtype: np.dtype, manifest: dict, full: bool = True) -> NgramTable:
+def ngram_table(directory: Path, dtype: np.dtype, manifest: dict, full: bool = True) -> NgramTable:
+    """The n-gram table ``directory``/ngram.arrow as the manifest describes it (params, count dtype)."""
     max_order, top_k = int(manifest["params"]["max_order"]), int(manifest["params"]["top_k"])
     ids = pa.from_numpy_dtype(dtype)
     counts = pa.from_numpy_dtype(np.dtype(manifest["storage"].get("count_dtype", "uint32")))
@@ -161,8 +190,8 @@ def _suffix_words(directory: Path, manifest: dict, full: bool) -> tuple[np.ndarr
     return words, bits
 
 
-def open_datastore(path: str | Path, *, verify: bool = True) -> Datastore:
-    """Open and validate the datastore at ``path``.
+def open_datastore(path: str | Path, *, verify: bool = True) -> "Datastore | ShardedDatastore":
+    """Open and validate the datastore at ``path`` (a sharded store: ``sharded.open_sharded``).
 
     ``verify=False`` skips every check that reads whole files (sha256, full
     Arrow validation, id ranges): only for files whose exact bytes were verified
@@ -172,6 +201,10 @@ def open_datastore(path: str | Path, *, verify: bool = True) -> Datastore:
     """
     directory = Path(path)
     manifest = read_manifest(directory)
+    if manifest["format_version"] == SHARDED_VERSION:
+        from retrieval_draft.store.sharded import open_sharded
+
+        return open_sharded(directory, manifest, verify=verify)
     dtype = _check_storage(manifest)
     if verify:
         verify_files(directory, manifest)
@@ -181,7 +214,7 @@ def open_datastore(path: str | Path, *, verify: bool = True) -> Datastore:
     tokens = read_table(directory / TOKENS, {"token": ids}, full=verify)["token"]
     words, bits = _suffix_words(directory, manifest, full=verify)
     ranges = read_table(directory / SUFFIX_RANGES, {"lo": pa.uint32(), "hi": pa.uint32()}, full=verify)
-    ngrams = _ngram_table(directory, dtype, manifest, full=verify)
+    ngrams = ngram_table(directory, dtype, manifest, full=verify)
     n = int(manifest["stats"]["tokens"])
     sep = separator_id(dtype)
     if tokens.size != n or (bits == 32 and words.size != n) or n == 0 or tokens[-1] != sep:
