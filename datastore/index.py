@@ -109,7 +109,7 @@ def index_part(tokens: np.ndarray, sa_part: np.ndarray, lcp: np.ndarray, svl: np
     return PartIndex(results[-2::-1], lo, hi, dep)
 
 
-def ngram_columns(per_order: list[tuple], max_order: int, dtype: np.dtype) -> dict[str, np.ndarray]:
+def _ngram_columns(per_order: list[tuple], max_order: int, dtype: np.dtype) -> dict[str, np.ndarray]:
     """Stack the per-order tables into the columns of ngram.arrow (contexts zero-padded to max_order;
     counts and totals uint16, see ``narrow_counts``)."""
     order = np.concatenate([np.full(len(t[3]), n, np.uint8) for n, t in enumerate(per_order, 1)])
@@ -186,7 +186,7 @@ def write_parts(directory: Path, tokens: np.ndarray, sa: np.ndarray, parts: list
     write_table(directory / TOKENS, {"token": tokens})
     bits = position_bits(tokens.size)
     write_table(directory / SUFFIX_ARRAY, {"word": pack_positions(sa, bits)})
-    columns = ngram_columns(per_order, params.max_order, tokens.dtype)
+    columns = _ngram_columns(per_order, params.max_order, tokens.dtype)
     write_table(directory / NGRAM, columns)
     write_table(directory / SUFFIX_RANGES, {"lo": lo, "hi": hi})
     return {

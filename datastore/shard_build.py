@@ -35,7 +35,7 @@ from retrieval_draft.store.suffix_trie import key_width
 from retrieval_draft.store.tokenizer import tokenizer_fingerprint, tokenizer_vocab_size
 from retrieval_draft_datastore.builder import publish, store_manifest
 from retrieval_draft_datastore.encode import encode_chunks
-from retrieval_draft_datastore.index import IndexParams, ngram_columns, write_index
+from retrieval_draft_datastore.index import IndexParams, _ngram_columns, write_index
 from retrieval_draft_datastore.shard_table import bucket_rows, count_range, join_ranges, table_cuts
 from retrieval_draft_datastore.sources import SourceOptions, iter_documents
 
@@ -98,7 +98,7 @@ def write_store_table(tmp: Path, shard_dirs: list[Path], vocab_size: int, dtype:
     else:
         parts = count_all(ranges)
     per_order = join_ranges(parts, params.max_order)
-    columns = ngram_columns(per_order, params.max_order, dtype)
+    columns = _ngram_columns(per_order, params.max_order, dtype)
     write_table(tmp / NGRAM, columns)
     return {"count_dtype": columns["total"].dtype.name, "contexts_per_order": [int(len(t[3])) for t in per_order],
             "table_ranges": len(ranges)}
