@@ -44,9 +44,11 @@ def register(subparsers) -> None:
     b.add_argument("--min-count", type=int, default=defaults.min_count, help="drop rarer contexts")
     b.add_argument("--sort-depth", type=int, default=defaults.sort_depth, help="longest suffix match, tokens")
     b.add_argument("--trie-depth", type=int, default=defaults.trie_depth, help="longest trie key, tokens")
-    b.add_argument("--table-min-total", type=int, default=defaults.table_min_total,
+    b.add_argument("--table-min-total", type=int,
                    help="contexts seen at least this often go in the n-gram table; rarer ones are counted "
-                        "from the suffix array when drafting (smaller store, same drafts)")
+                        "from the suffix array when drafting (smaller store, same drafts). Default: "
+                        f"{defaults.table_min_total}; with --shard-tokens, --min-count (every context that "
+                        "drafts is in the table, so no step searches every shard)")
     b.add_argument("--shard-tokens", type=int,
                    help="build a sharded store: shards of whole documents of at most this many tokens, each "
                         "indexed on its own, queried as one store (needed past 2**31 tokens)")
@@ -112,9 +114,11 @@ def _tokenizer(args):
 
 def cmd_build(args) -> int:
     """``build``: tokenise and index the sources into ``--out``."""
+    table_min = args.table_min_total
+    if table_min is None:
+        table_min = args.min_count if args.shard_tokens is not None else IndexParams().table_min_total
     params = IndexParams(max_order=args.max_order, top_k=args.top_k, min_count=args.min_count,
-                         sort_depth=args.sort_depth, trie_depth=args.trie_depth,
-                         table_min_total=args.table_min_total)
+                         sort_depth=args.sort_depth, trie_depth=args.trie_depth, table_min_total=table_min)
     options = SourceOptions(
         globs=tuple(args.glob or ["*"]), excludes=tuple(args.exclude or ()), field=args.field, column=args.column
     )

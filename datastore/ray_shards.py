@@ -96,7 +96,7 @@ def build_sharded_ray(sources: list[str], out: Path, tokenizer, shard_tokens: in
                                   lambda ranges: ray.get([count.remote(dirs, a, b, params) for a, b in ranges]))
         extra = {"engine": f"ray ({workers} workers)", "tokenize_seconds": round(tokenize_seconds, 3),
                  "shards_seconds": round(shard_seconds, 3), "table_seconds": round(time.perf_counter() - start, 3),
-                 "table_ranges": table["table_ranges"]}
+                 "table_ranges": table["table_ranges"], "rare_contexts": table["rare_contexts"]}
         manifest = write_sharded_manifest(tmp, records, header, dtype, params, table, extra)
         publish(tmp, Path(out))
         return manifest

@@ -27,10 +27,11 @@ from retrieval_draft.atomic import temp_dir_next_to
 from retrieval_draft.errors import EmptyCorpusError, InvalidInputError
 from retrieval_draft.store.arrow_io import write_table
 from retrieval_draft.store.layout import (
-    MAX_STREAM_TOKENS, NGRAM, SHARD_TABLE_MIN, SHARDED_FILES, SHARDED_VERSION, separator_id, shard_name,
+    MAX_STREAM_TOKENS, NGRAM, RARE_FILTER, SHARD_TABLE_MIN, SHARDED_FILES, SHARDED_VERSION, separator_id, shard_name,
     token_dtype,
 )
 from retrieval_draft.store.manifest import manifest_digest, write_manifest
+from retrieval_draft.store.rare_filter import build_filter
 from retrieval_draft.store.suffix_trie import key_width
 from retrieval_draft.store.tokenizer import tokenizer_fingerprint, tokenizer_vocab_size
 from retrieval_draft_datastore.builder import publish, store_manifest
@@ -88,20 +89,23 @@ def write_shard(directory: Path, tokens: np.ndarray, header: dict, params: Index
 
 def write_store_table(tmp: Path, shard_dirs: list[Path], vocab_size: int, dtype: np.dtype, params: IndexParams,
                       count_all: Callable | None = None) -> dict:
-    """Count the corpus's n-gram table across ``shard_dirs`` into ``tmp``/ngram.arrow. ``count_all``
-    maps a list of (c0, c1) id ranges to their ``count_range`` results (default: one after another
-    here). Returns the count dtype and contexts per order."""
+    """Count the corpus's n-gram table across ``shard_dirs`` into ``tmp``/ngram.arrow and the
+    rare-context filter into ``tmp``/rare_contexts.arrow. ``count_all`` maps a list of (c0, c1) id
+    ranges to their ``count_range`` results (default: one after another here). Returns the count
+    dtype, contexts per order, ranges counted, rare contexts."""
     cuts = table_cuts(bucket_rows(shard_dirs, vocab_size))
     ranges = [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
     if count_all is None:
         parts = [count_range(shard_dirs, c0, c1, params) for c0, c1 in ranges]
     else:
         parts = count_all(ranges)
-    per_order = join_ranges(parts, params.max_order)
+    per_order = join_ranges([table for table, _ in parts], params.max_order)
     columns = _ngram_columns(per_order, params.max_order, dtype)
     write_table(tmp / NGRAM, columns)
+    rare = np.concatenate([hashes for _, hashes in parts])
+    write_table(tmp / RARE_FILTER, {"word": build_filter(rare)})
     return {"count_dtype": columns["total"].dtype.name, "contexts_per_order": [int(len(t[3])) for t in per_order],
-            "table_ranges": len(ranges)}
+            "table_ranges": len(ranges), "rare_contexts": int(rare.size)}
 
 
 def write_sharded_manifest(tmp: Path, records: list[dict], header: dict, dtype: np.dtype, params: IndexParams,
@@ -143,7 +147,8 @@ def build_sharded_from_chunks(chunks: Iterable[np.ndarray], out: Path, header: d
         table = write_store_table(tmp, [tmp / r["dir"] for r in records], header["vocab_size"], dtype, params)
         timings = {"shards_seconds": round(shard_seconds, 3), "table_seconds": round(time.perf_counter() - start, 3)}
         manifest = write_sharded_manifest(tmp, records, header, dtype, params, table,
-                                          {**(extra or {}), **timings, "table_ranges": table["table_ranges"]})
+                                          {**(extra or {}), **timings, "table_ranges": table["table_ranges"],
+                                           "rare_contexts": table["rare_contexts"]})
         publish(tmp, Path(out))
         return manifest
     finally:

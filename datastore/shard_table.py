@@ -8,7 +8,9 @@ the first ``max_order + 1`` tokens matter for counting, so each row is copied
 as a short window and the windows are merged, never the shards' streams).
 Counting the merged rows with the same kernel (``kernels_count.count_ngrams``)
 and concatenating the ranges in key order gives exactly the one-shard table:
-the same contexts, top-k, counts and totals, the same bytes once written.
+the same contexts, top-k, counts and totals, the same bytes once written. The
+same scan yields the contexts too rare for the table that still draft, whose
+hashes make the store's rare-context filter (``retrieval_draft.store.rare_filter``).
 
 Memory: one range at a time, about 30 bytes per suffix-array row of the range
 (``table_cuts`` sizes the ranges); the shards are read memory-mapped. The
@@ -23,6 +25,7 @@ import numpy as np
 from numba import njit
 
 from retrieval_draft.store.packed import position_at
+from retrieval_draft.store.rare_filter import row_hashes
 from retrieval_draft.store.reader import open_datastore
 from retrieval_draft_datastore.index import IndexParams
 from retrieval_draft_datastore.kernels_count import capped_lcp, count_ngrams, valid_lengths
@@ -61,9 +64,10 @@ def _windows(tokens, words, bits, lo, hi, width, sep, out, start) -> None:
         out[base + width] = sep
 
 
-def count_range(shard_dirs: list[Path], c0: int, c1: int, params: IndexParams) -> list[tuple]:
+def count_range(shard_dirs: list[Path], c0: int, c1: int, params: IndexParams) -> tuple[list[tuple], np.ndarray]:
     """The table rows (per order n = 1..max_order: ctx, nxt, cnt, tot as ``count_ngrams`` returns
-    them) of the contexts whose first id is in [c0, c1), counted over every shard."""
+    them) of the contexts whose first id is in [c0, c1), counted over every shard, and the hashes
+    ((K,) uint64, ``rare_filter.context_hash``) of those that draft but are too rare for the table."""
     width = params.max_order + 1
     shards = [open_datastore(d, verify=False) for d in shard_dirs]
     spans = [(int(s.range_lo[c0]), int(s.range_hi[c1 - 1])) for s in shards]
@@ -83,7 +87,13 @@ def count_range(shard_dirs: list[Path], c0: int, c1: int, params: IndexParams) -
     lcp = capped_lcp(local, merged, vlen, width)
     svl = vlen[merged]
     table_min = max(params.min_count, params.table_min_total)
-    return [count_ngrams(local, merged, lcp, svl, n, params.top_k, table_min) for n in range(1, params.max_order + 1)]
+    table, rare = [], []
+    for n in range(1, params.max_order + 1):
+        ctx, nxt, cnt, tot = count_ngrams(local, merged, lcp, svl, n, params.top_k, params.min_count)
+        keep = tot >= table_min
+        table.append((ctx[keep], nxt[keep], cnt[keep], tot[keep]))
+        rare.append(row_hashes(ctx[~keep], n))
+    return table, np.concatenate(rare)
 
 
 def bucket_rows(shard_dirs: list[Path], vocab_size: int) -> np.ndarray:

@@ -42,8 +42,7 @@ class NgramDrafter(Drafter):
         if pseudo < 0:
             raise ValueError("pseudo must be >= 0")
         self._pseudo = float(pseudo)
-        t = store.ngrams
-        self._table = (t.offsets, t.context, t.next, t.count, t.total, t.min_count, t.complete)
+        self._table = store.ngrams.as_kernel_tuple()
         self._store = store.kernel_arrays
         self._max_order = int(store.params["max_order"])
         self._widths = tuple(int(w) for w in widths)

@@ -47,6 +47,9 @@ directory too::
     ngram.arrow          the n-gram table of the whole corpus, byte for byte
                          the table a one-shard build writes (counted across
                          the shards by the builder, ``shard_table``)
+    rare_contexts.arrow  column ``word`` (uint64): a Bloom filter of the
+                         contexts too rare for the table that still draft
+                         (``retrieval_draft.store.rare_filter``)
     shard-00000/ ...     one version-3 store per shard, a run of whole
                          documents of at most ``MAX_STREAM_TOKENS`` tokens; its
                          own ngram.arrow holds no rows (``SHARD_TABLE_MIN``)
@@ -70,7 +73,8 @@ SUFFIX_RANGES = "suffix_ranges.arrow"
 TRIE = "suffix.trie"
 NGRAM = "ngram.arrow"
 DATA_FILES = (TOKENS, SUFFIX_ARRAY, SUFFIX_RANGES, TRIE, NGRAM)
-SHARDED_FILES = (NGRAM,)  # the data files at the top of a sharded store
+RARE_FILTER = "rare_contexts.arrow"
+SHARDED_FILES = (NGRAM, RARE_FILTER)  # the data files at the top of a sharded store
 SHARD_TABLE_MIN = 2**32 - 1  # a shard's own table threshold: no rows (the store's table holds the counts)
 
 MAX_STORED_TOTAL = 0xFFFF  # v2 builds scale the few bigger n-gram rows down to this total

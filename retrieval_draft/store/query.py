@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit
 
 from retrieval_draft.store.packed import position_at
+from retrieval_draft.store.rare_filter import context_hash, may_contain
 
 
 @njit(cache=True)
@@ -38,6 +39,8 @@ def narrow_range(tokens, words, bits, lo, hi, query) -> tuple:
         else:
             b = mid
     start = a
+    if a == hi or _compare_suffix(tokens, position_at(words, bits, a), query, m) != 0:
+        return start, start  # no suffix starts with the query: the second search would find nothing
     b = hi
     while a < b:  # first suffix > query (on its first m tokens)
         mid = (a + b) // 2
@@ -155,7 +158,8 @@ def context_row(table, store, history, hlen, row_tok, row_cnt) -> int:
     least ``min_count`` continuations: its next ids and counts into row_tok/row_cnt (top_k,),
     returning its total (0: no context matches).
 
-    ``table`` = (offsets, context, next, count, total, min_count, complete);
+    ``table`` = (offsets, context, next, count, total, min_count, complete, rare_filter)
+    (``NgramTable.as_kernel_tuple``);
     ``store`` as ``count_from_suffixes`` takes it. A context missing from an
     incomplete table is counted from the suffix arrays of every shard.
 
@@ -165,9 +169,10 @@ def context_row(table, store, history, hlen, row_tok, row_cnt) -> int:
     exactly when it would be in a one-shard store's, with the same top-k, counts and
     total; a context missing from it has fewer than ``table_min_total``
     continuations in the whole corpus and is counted from every shard's suffix array,
-    its runs summed per id (``count_from_suffixes``).
+    its runs summed per id (``count_from_suffixes``), unless the store's rare-context
+    filter rules it out (it then has fewer than ``min_count``: ``rare_filter``).
     """
-    offsets, context, nxt, cnt, tot, min_count, complete = table
+    offsets, context, nxt, cnt, tot, min_count, complete, rare = table
     max_order = offsets.size - 2
     for n in range(min(max_order, hlen), 0, -1):
         ctx = history[hlen - n : hlen]
@@ -177,7 +182,7 @@ def context_row(table, store, history, hlen, row_tok, row_cnt) -> int:
                 row_tok[k] = nxt[row, k]
                 row_cnt[k] = cnt[row, k]
             return np.int64(tot[row])
-        if not complete:
+        if not complete and may_contain(rare, context_hash(ctx)):
             total = count_from_suffixes(store, ctx, row_tok.size, row_tok, row_cnt)
             if total >= min_count and total > 0:
                 return total

@@ -8,7 +8,7 @@ schemas and lengths, and that every stored id is below the vocabulary size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,8 +40,11 @@ class NgramTable:
         next: (R, top_k) ids; count: (R, top_k) uint16/uint32 (0 = empty slot);
         total: (R,) uint16/uint32 continuations of the context.
         min_count: contexts with fewer continuations never draft.
-        complete: every context with >= min_count continuations has a row (v1, v2); otherwise
-            (v3) contexts rarer than the table's threshold are counted from the suffix array.
+        complete: every context with >= min_count continuations has a row (v1, v2, or a table
+            built down to min_count); otherwise contexts rarer than the table's threshold are
+            counted from the suffix array.
+        rare_filter: (W,) uint64 Bloom filter of the contexts too rare for the table that draft
+            (sharded stores, ``rare_filter``); empty: every table miss is counted.
     """
 
     offsets: np.ndarray
@@ -51,6 +54,12 @@ class NgramTable:
     total: np.ndarray
     min_count: int
     complete: bool
+    rare_filter: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+
+    def as_kernel_tuple(self) -> tuple:
+        """What ``query.context_row`` takes as ``table``."""
+        return (self.offsets, self.context, self.next, self.count, self.total, self.min_count, self.complete,
+                self.rare_filter)
 
 
 @dataclass(frozen=True)
@@ -173,7 +182,9 @@ def ngram_table(directory: Path, dtype: np.dtype, manifest: dict, full: bool = T
         raise CorruptDatastoreError(f"{NGRAM}: orders are not sorted")
     # Search values of the column's own dtype: mixed dtypes would convert the whole column first.
     offsets = np.searchsorted(order, np.arange(max_order + 2, dtype=order.dtype), side="left").astype(np.int64)
-    complete = manifest["format_version"] < PACKED_SINCE
+    params = manifest["params"]  # a table down to min_count holds every context that drafts (v1, v2 always)
+    complete = manifest["format_version"] < PACKED_SINCE or int(params.get("table_min_total", 0)) <= int(
+        params.get("min_count", 1))
     return NgramTable(offsets, cols["context"], cols["next"], cols["count"], cols["total"],
                       int(manifest["params"].get("min_count", 1)), complete)
 

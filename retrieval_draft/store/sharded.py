@@ -2,7 +2,8 @@
 
 The top-level manifest lists the shards (directory, tokens, documents, sha256
 of the shard's manifest) and the store's n-gram table (``ngram.arrow``, the
-whole corpus's table: ``layout`` describes the directory). Opening checks the
+whole corpus's table) and rare-context filter (``rare_contexts.arrow``):
+``layout`` describes the directory. Opening checks the
 top manifest, its table, then every shard with ``reader.open_datastore``: each
 shard's own manifest must have the digest the top manifest records (so a shard
 swapped for another store is caught), the same tokenizer, storage and params.
@@ -12,14 +13,16 @@ nothing is returned, so no caller ever drafts from part of a store.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from retrieval_draft.errors import CorruptDatastoreError, DatastoreError
-from retrieval_draft.store.layout import NGRAM, SHARD_TABLE_MIN, SHARDED_FILES, separator_id, token_dtype
+from retrieval_draft.store.arrow_io import read_table
+from retrieval_draft.store.layout import NGRAM, RARE_FILTER, SHARD_TABLE_MIN, SHARDED_FILES, separator_id, token_dtype
 from retrieval_draft.store.manifest import check_sizes, manifest_digest, verify_files
 from retrieval_draft.store.reader import Datastore, NgramTable, check_ids, ngram_table, open_datastore
 from retrieval_draft.store.suffix_trie import key_width
@@ -127,7 +130,8 @@ def open_sharded(directory: Path, manifest: dict, *, verify: bool = True) -> Sha
         verify_files(directory, manifest, SHARDED_FILES)
     else:
         check_sizes(directory, manifest, SHARDED_FILES)
-    table = ngram_table(directory, dtype, manifest, full=verify)
+    words = read_table(directory / RARE_FILTER, {"word": pa.uint64()}, full=verify)["word"]
+    table = replace(ngram_table(directory, dtype, manifest, full=verify), rare_filter=words)
     if verify:
         check_ids(NGRAM, table.context, int(manifest["tokenizer"]["vocab_size"]), None)
         check_ids(NGRAM, table.next, int(manifest["tokenizer"]["vocab_size"]), None)

@@ -35,36 +35,49 @@ def _shard_match(store, i, query, m) -> tuple:
 
 
 @njit(cache=True)
+def _search_up(store, i, query, low, lo, hi) -> int:
+    """Binary search over m in [low, query.size] for the longest match in shard ``i`` (a match of
+    low - 1 is known); the range of the longest found goes into lo[i], hi[i]. Returns it (low - 1
+    when none is longer)."""
+    best, high = low - 1, query.size
+    while low <= high:
+        m = (low + high) // 2
+        a, b = _shard_match(store, i, query, m)
+        if b > a:
+            best, lo[i], hi[i] = m, a, b
+            low = m + 1
+        else:
+            high = m - 1
+    return best
+
+
+@njit(cache=True)
 def longest_match(store, query, lo, hi) -> int:
     """Longest m such that query[-m:] occurs in some shard (0: none); shard i's range of it into
     lo[i], hi[i] ((S,) int64; empty where it does not occur). ``query``: ids < vocab, int64.
 
-    Shard 0 is binary-searched over m (matching is monotone: a suffix of a match matches);
-    every later shard first tries best + 1, which usually fails and ends its search.
+    Shard 0 is binary-searched over m (matching is monotone: a suffix of a match matches). Every
+    later shard is probed at the best m so far: no match there means none longer (one probe);
+    a match gives its range, and a second probe at best + 1 says whether to search further up.
+    When a shard raises the best, the earlier shards' ranges are emptied: none of them matched
+    the new best (each one's own longest was at most the old best).
     """
-    shards = len(store[0])
-    best = 0
-    for i in range(shards):
-        if i > 0:  # most shards cannot beat the best so far: one probe tells
-            if best == query.size:
-                break
-            a, b = _shard_match(store, i, query, best + 1)
-            if b <= a:
-                continue
-            best += 1
-        low, high = best + 1, query.size
-        while low <= high:
-            m = (low + high) // 2
-            a, b = _shard_match(store, i, query, m)
-            if b > a:
-                best = m
-                low = m + 1
-            else:
-                high = m - 1
-    for i in range(shards):
-        lo[i], hi[i] = 0, 0
-        if best > 0:
-            lo[i], hi[i] = _shard_match(store, i, query, best)
+    lo[:] = 0
+    hi[:] = 0
+    best = _search_up(store, 0, query, 1, lo, hi)
+    for i in range(1, len(store[0])):
+        if best == 0:
+            best = _search_up(store, i, query, 1, lo, hi)
+            continue
+        a, b = _shard_match(store, i, query, best)
+        if b <= a:
+            continue
+        lo[i], hi[i] = a, b
+        longer = _search_up(store, i, query, best + 1, lo, hi) if best < query.size else best
+        if longer > best:
+            best = longer
+            lo[:i] = 0
+            hi[:i] = 0
     return best
 
 
