@@ -11,7 +11,7 @@ here and timed on the same contexts: one step = the store's n-gram and suffix dr
 compared with the one-shard store's of the same size.
 
 Usage: python -m tools.store_scale [--sizes 10M,20M,40M,full] [--shards 1,4,16] [--contexts 1000]
-Writes bench/results/store_scale.json and store_scale.png (atomic), prints a markdown table.
+Writes bench/results/DATE-cpu2-store-scale.json and .png (atomic), prints a markdown table.
 """
 
 from __future__ import annotations
@@ -319,8 +319,9 @@ def main() -> None:
     parser.add_argument("--table-min-total", type=int, default=64,
                         help="the stores' n-gram table threshold (2 = every context that drafts is in the table)")
     parser.add_argument("--keep", action="store_true", help="keep the stores under .cache/store_scale")
-    parser.add_argument("--json", type=Path, default=RESULTS / "store_scale.json")
-    parser.add_argument("--png", type=Path, default=RESULTS / "store_scale.png")
+    stem = RESULTS / f"{time.strftime('%Y-%m-%d')}-cpu2-store-scale"
+    parser.add_argument("--json", type=Path, default=stem.with_suffix(".json"))
+    parser.add_argument("--png", type=Path, default=stem.with_suffix(".png"))
     args = parser.parse_args()
     stream = corpus_stream()
     full = stream.stat().st_size // 2
