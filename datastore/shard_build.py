@@ -102,10 +102,13 @@ def write_store_table(tmp: Path, shard_dirs: list[Path], vocab_size: int, dtype:
     per_order = join_ranges([table for table, _ in parts], params.max_order)
     columns = _ngram_columns(per_order, params.max_order, dtype)
     write_table(tmp / NGRAM, columns)
-    rare = np.concatenate([hashes for _, hashes in parts])
-    write_table(tmp / RARE_FILTER, {"word": build_filter(rare)})
+    shard_of = np.concatenate([pairs[0] for _, pairs in parts])
+    hashes = np.concatenate([pairs[1] for _, pairs in parts])
+    filters = [build_filter(hashes[shard_of == i]) for i in range(len(shard_dirs))]
+    write_table(tmp / RARE_FILTER, {"word": np.concatenate(filters)})
     return {"count_dtype": columns["total"].dtype.name, "contexts_per_order": [int(len(t[3])) for t in per_order],
-            "table_ranges": len(ranges), "rare_contexts": int(rare.size)}
+            "table_ranges": len(ranges), "rare_contexts": int(hashes.size),
+            "rare_filter_words": [int(f.size) for f in filters]}
 
 
 def write_sharded_manifest(tmp: Path, records: list[dict], header: dict, dtype: np.dtype, params: IndexParams,
@@ -115,7 +118,8 @@ def write_sharded_manifest(tmp: Path, records: list[dict], header: dict, dtype: 
         "format_version": SHARDED_VERSION,
         "tokenizer": {"fingerprint": header["fingerprint"], "vocab_size": header["vocab_size"]},
         "storage": {"dtype": dtype.name, "separator_id": separator_id(dtype),
-                    "trie_key_width": key_width(header["vocab_size"]), "count_dtype": table["count_dtype"]},
+                    "trie_key_width": key_width(header["vocab_size"]), "count_dtype": table["count_dtype"],
+                    "rare_filter_words": table["rare_filter_words"]},
         "params": params.to_dict(),
         "stats": {"documents": sum(r["documents"] for r in records), "tokens": sum(r["tokens"] for r in records),
                   "shards": len(records), "contexts_per_order": table["contexts_per_order"], **extra},

@@ -9,8 +9,9 @@ as a short window and the windows are merged, never the shards' streams).
 Counting the merged rows with the same kernel (``kernels_count.count_ngrams``)
 and concatenating the ranges in key order gives exactly the one-shard table:
 the same contexts, top-k, counts and totals, the same bytes once written. The
-same scan yields the contexts too rare for the table that still draft, whose
-hashes make the store's rare-context filter (``retrieval_draft.store.rare_filter``).
+same merged rows give the contexts too rare for the table that still draft and
+the shards holding each, which make each shard's rare-context filter
+(``retrieval_draft.store.rare_filter``).
 
 Memory: one range at a time, about 30 bytes per suffix-array row of the range
 (``table_cuts`` sizes the ranges); the shards are read memory-mapped. The
@@ -25,7 +26,7 @@ import numpy as np
 from numba import njit
 
 from retrieval_draft.store.packed import position_at
-from retrieval_draft.store.rare_filter import row_hashes
+from retrieval_draft.store.rare_filter import context_hash
 from retrieval_draft.store.reader import open_datastore
 from retrieval_draft_datastore.index import IndexParams
 from retrieval_draft_datastore.kernels_count import capped_lcp, count_ngrams, valid_lengths
@@ -64,10 +65,47 @@ def _windows(tokens, words, bits, lo, hi, width, sep, out, start) -> None:
         out[base + width] = sep
 
 
-def count_range(shard_dirs: list[Path], c0: int, c1: int, params: IndexParams) -> tuple[list[tuple], np.ndarray]:
+@njit(cache=True)
+def _rare_pairs(local, merged, lcp, svl, n, min_count, table_min, width, starts, out_shard, out_hash) -> int:
+    """(shard, context hash) pairs of the order-n contexts with ``min_count`` <= continuations <
+    ``table_min``: one pair per shard that holds a row of the context. ``starts``: (S + 1,) first
+    window of each shard in ``local`` (row r of ``merged`` is window merged[r] // (width + 1)).
+    Writes into out_shard/out_hash (>= merged.size each); returns the pairs written."""
+    seen = np.full(starts.size - 1, -1, np.int64)
+    ids = np.empty(n, np.int64)
+    pairs = 0
+    j = 0
+    while j < merged.size:
+        if svl[j] < n:
+            j += 1
+            continue
+        end = j + 1
+        while end < lcp.size and lcp[end] >= n:
+            end += 1
+        total = 0
+        if end - j >= min_count:  # the group's size bounds its continuations
+            for r in range(j, end):
+                total += svl[r] > n
+        if min_count <= total < table_min:
+            for k in range(n):
+                ids[k] = local[merged[j] + k]
+            h = context_hash(ids)
+            for r in range(j, end):
+                shard = np.searchsorted(starts, merged[r] // (width + 1), side="right") - 1
+                if seen[shard] != j:
+                    seen[shard] = j
+                    out_shard[pairs] = shard
+                    out_hash[pairs] = h
+                    pairs += 1
+        j = end
+    return pairs
+
+
+def count_range(shard_dirs: list[Path], c0: int, c1: int, params: IndexParams) -> tuple[list[tuple], tuple]:
     """The table rows (per order n = 1..max_order: ctx, nxt, cnt, tot as ``count_ngrams`` returns
-    them) of the contexts whose first id is in [c0, c1), counted over every shard, and the hashes
-    ((K,) uint64, ``rare_filter.context_hash``) of those that draft but are too rare for the table."""
+    them) of the contexts whose first id is in [c0, c1), counted over every shard, and for those
+    that draft but are too rare for the table, (shard (K,) int64, hash (K,) uint64) pairs: one per
+    shard holding the context (``rare_filter.context_hash``)."""
     width = params.max_order + 1
     shards = [open_datastore(d, verify=False) for d in shard_dirs]
     spans = [(int(s.range_lo[c0]), int(s.range_hi[c1 - 1])) for s in shards]
@@ -87,13 +125,15 @@ def count_range(shard_dirs: list[Path], c0: int, c1: int, params: IndexParams) -
     lcp = capped_lcp(local, merged, vlen, width)
     svl = vlen[merged]
     table_min = max(params.min_count, params.table_min_total)
-    table, rare = [], []
+    starts = np.asarray([0, *np.cumsum([hi - lo for lo, hi in spans])], np.int64)
+    out_shard, out_hash = np.empty(merged.size, np.int64), np.empty(merged.size, np.uint64)
+    table, shards, hashes = [], [], []
     for n in range(1, params.max_order + 1):
-        ctx, nxt, cnt, tot = count_ngrams(local, merged, lcp, svl, n, params.top_k, params.min_count)
-        keep = tot >= table_min
-        table.append((ctx[keep], nxt[keep], cnt[keep], tot[keep]))
-        rare.append(row_hashes(ctx[~keep], n))
-    return table, np.concatenate(rare)
+        table.append(count_ngrams(local, merged, lcp, svl, n, params.top_k, table_min))
+        pairs = _rare_pairs(local, merged, lcp, svl, n, params.min_count, table_min, width, starts, out_shard, out_hash)
+        shards.append(out_shard[:pairs].copy())
+        hashes.append(out_hash[:pairs].copy())
+    return table, (np.concatenate(shards), np.concatenate(hashes))
 
 
 def bucket_rows(shard_dirs: list[Path], vocab_size: int) -> np.ndarray:

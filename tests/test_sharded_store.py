@@ -190,23 +190,29 @@ def test_a_bad_shard_size_fails_before_the_tokenizer_loads(tmp_path, monkeypatch
         cli(["build", str(tmp_path), "--out", str(tmp_path / "s"), "--shard-tokens", "0"])
 
 
-def test_the_rare_context_filter_keeps_every_rare_drafting_context_and_rules_out_most_others(built):
+def test_each_shards_rare_context_filter_keeps_the_rare_contexts_it_holds_and_rules_out_most_others(built):
+    from retrieval_draft.store.query import narrow_range
     from retrieval_draft.store.rare_filter import context_hash, may_contain
     from retrieval_draft_datastore.kernels_count import count_ngrams
     from retrieval_draft_datastore.kernels_sort import sort_suffixes
 
     root, _ = built
     flat, many = open_datastore(root / "flat"), open_datastore(root / "many")
-    words = many.ngrams.rare_filter
+    words, offsets = many.ngrams.rare_filter, many.ngrams.rare_offsets
+    filters = [words[offsets[i] : offsets[i + 1]] for i in range(len(many.shards))]
     tokens = np.asarray(flat.tokens)
     sa, lcp, svl = sort_suffixes(tokens, PARAMS.sort_depth, flat.separator, PARAMS.lcp_cap)
-    rare = 0
+    held = 0
     for n in range(1, PARAMS.max_order + 1):
         ctx, _, _, tot = count_ngrams(tokens, sa, lcp, svl, n, PARAMS.top_k, PARAMS.min_count)
         for row in ctx[tot < PARAMS.table_min_total].astype(np.int64):
-            rare += 1
-            assert may_contain(words, np.uint64(context_hash(row)))  # no false negatives: drafts cannot change
-    assert rare > 100
+            h = np.uint64(context_hash(row))
+            for shard, words_i in zip(many.shards, filters):
+                a, b = narrow_range(shard.tokens, shard.suffix_words, shard.position_bits, 0, shard.tokens.size, row)
+                if b > a:
+                    held += 1
+                    assert may_contain(words_i, h)  # no false negatives: counts, so drafts, cannot change
+    assert held > 100
     rng = np.random.default_rng(1)
-    absent = [rng.integers(0, many.vocab_size, 4) for _ in range(2000)]  # random 4-grams: almost all unseen
-    assert sum(may_contain(words, np.uint64(context_hash(c))) for c in absent) < 100
+    absent = [np.uint64(context_hash(rng.integers(0, many.vocab_size, 4))) for _ in range(1000)]  # unseen 4-grams
+    assert sum(may_contain(f, h) for f in filters for h in absent) < 0.03 * len(filters) * len(absent)

@@ -119,13 +119,15 @@ def _shard_runs(store, i, ctx, ids, cnts, m) -> tuple:
 
 
 @njit(cache=True)
-def count_from_suffixes(store, ctx, top_k, row_tok, row_cnt) -> int:
+def count_from_suffixes(store, ctx, top_k, row_tok, row_cnt, rare, rare_off) -> int:
     """Top-k next ids of context ``ctx`` (n,) counted from the suffix arrays of every shard, into
     row_tok/row_cnt (count desc, then id asc; 0 = empty slot). Returns the continuations in total.
 
     ``store``: the ``shard_arrays`` tuple. Each shard's runs are counted, then the counts of one
     id are summed across shards and inserted in id order: exactly what one suffix array over the
     shards' documents laid end to end gives (its run of an id is the shards' runs together).
+    ``rare``/``rare_off``: the shards' rare-context filters (``NgramTable``); a shard whose filter
+    rules the context out is skipped (empty ``rare_off``: no filters, every shard is searched).
     """
     vocab_size = store[6]
     for k in range(top_k):
@@ -136,7 +138,10 @@ def count_from_suffixes(store, ctx, top_k, row_tok, row_cnt) -> int:
     ids = np.empty(64, np.int64)
     cnts = np.empty(64, np.int64)
     m = 0
+    h = context_hash(ctx) if rare_off.size else np.uint64(0)
     for i in range(len(store[0])):
+        if rare_off.size and not may_contain(rare[rare_off[i] : rare_off[i + 1]], h):
+            continue  # shard i holds no row of this context (a filter has no false negatives)
         ids, cnts, m = _shard_runs(store, i, ctx, ids, cnts, m)
     order = np.argsort(ids[:m], kind="mergesort") if len(store[0]) > 1 else np.arange(m)
     total = 0
@@ -158,7 +163,7 @@ def context_row(table, store, history, hlen, row_tok, row_cnt) -> int:
     least ``min_count`` continuations: its next ids and counts into row_tok/row_cnt (top_k,),
     returning its total (0: no context matches).
 
-    ``table`` = (offsets, context, next, count, total, min_count, complete, rare_filter)
+    ``table`` = (offsets, context, next, count, total, min_count, complete, rare_filter, rare_offsets)
     (``NgramTable.as_kernel_tuple``);
     ``store`` as ``count_from_suffixes`` takes it. A context missing from an
     incomplete table is counted from the suffix arrays of every shard.
@@ -169,10 +174,10 @@ def context_row(table, store, history, hlen, row_tok, row_cnt) -> int:
     exactly when it would be in a one-shard store's, with the same top-k, counts and
     total; a context missing from it has fewer than ``table_min_total``
     continuations in the whole corpus and is counted from every shard's suffix array,
-    its runs summed per id (``count_from_suffixes``), unless the store's rare-context
-    filter rules it out (it then has fewer than ``min_count``: ``rare_filter``).
+    its runs summed per id (``count_from_suffixes``), skipping the shards whose rare-context
+    filter rules it out (no row of a drafting rare context there: ``rare_filter``).
     """
-    offsets, context, nxt, cnt, tot, min_count, complete, rare = table
+    offsets, context, nxt, cnt, tot, min_count, complete, rare, rare_off = table
     max_order = offsets.size - 2
     for n in range(min(max_order, hlen), 0, -1):
         ctx = history[hlen - n : hlen]
@@ -182,8 +187,8 @@ def context_row(table, store, history, hlen, row_tok, row_cnt) -> int:
                 row_tok[k] = nxt[row, k]
                 row_cnt[k] = cnt[row, k]
             return np.int64(tot[row])
-        if not complete and may_contain(rare, context_hash(ctx)):
-            total = count_from_suffixes(store, ctx, row_tok.size, row_tok, row_cnt)
+        if not complete:
+            total = count_from_suffixes(store, ctx, row_tok.size, row_tok, row_cnt, rare, rare_off)
             if total >= min_count and total > 0:
                 return total
     return 0

@@ -43,8 +43,10 @@ class NgramTable:
         complete: every context with >= min_count continuations has a row (v1, v2, or a table
             built down to min_count); otherwise contexts rarer than the table's threshold are
             counted from the suffix array.
-        rare_filter: (W,) uint64 Bloom filter of the contexts too rare for the table that draft
-            (sharded stores, ``rare_filter``); empty: every table miss is counted.
+        rare_filter: (W,) uint64, one Bloom filter per shard of the contexts too rare for the
+            table that draft and occur in that shard (sharded stores, ``rare_filter``);
+            rare_offsets: (S + 1,) int64, shard i's filter is rare_filter[off[i]:off[i + 1]].
+            Both empty (flat stores): every table miss is counted in every shard.
     """
 
     offsets: np.ndarray
@@ -55,11 +57,12 @@ class NgramTable:
     min_count: int
     complete: bool
     rare_filter: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    rare_offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def as_kernel_tuple(self) -> tuple:
         """What ``query.context_row`` takes as ``table``."""
         return (self.offsets, self.context, self.next, self.count, self.total, self.min_count, self.complete,
-                self.rare_filter)
+                self.rare_filter, self.rare_offsets)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import pyarrow as pa
 from retrieval_draft.errors import CorruptDatastoreError, DatastoreError
 from retrieval_draft.store.arrow_io import read_table
 from retrieval_draft.store.layout import NGRAM, RARE_FILTER, SHARD_TABLE_MIN, SHARDED_FILES, separator_id, token_dtype
+from retrieval_draft.store.rare_filter import BLOCK_WORDS
 from retrieval_draft.store.manifest import check_sizes, manifest_digest, verify_files
 from retrieval_draft.store.reader import Datastore, NgramTable, check_ids, ngram_table, open_datastore
 from retrieval_draft.store.suffix_trie import key_width
@@ -117,6 +118,18 @@ def _open_shard(directory: Path, record: dict, top: dict, verify: bool) -> Datas
     return shard
 
 
+def _rare_filters(directory: Path, manifest: dict, shards: int, verify: bool) -> dict:
+    """The shards' rare-context filters: ``rare_filter`` words and ``rare_offsets`` (S + 1,)."""
+    words = read_table(directory / RARE_FILTER, {"word": pa.uint64()}, full=verify)["word"]
+    try:
+        sizes = [int(w) for w in manifest["storage"]["rare_filter_words"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptDatastoreError(f"manifest is missing or has a bad field ({exc})") from exc
+    if len(sizes) != shards or min(sizes) < 1 or any(w % BLOCK_WORDS for w in sizes) or sum(sizes) != words.size:
+        raise CorruptDatastoreError(f"{RARE_FILTER}: {words.size} words do not match the shards' filters")
+    return {"rare_filter": words, "rare_offsets": np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)}
+
+
 def open_sharded(directory: Path, manifest: dict, *, verify: bool = True) -> ShardedDatastore:
     """Open the sharded store at ``directory`` whose manifest (already read and self-checked) is
     ``manifest``; ``verify`` as ``reader.open_datastore`` takes it, for the table and every shard.
@@ -130,8 +143,8 @@ def open_sharded(directory: Path, manifest: dict, *, verify: bool = True) -> Sha
         verify_files(directory, manifest, SHARDED_FILES)
     else:
         check_sizes(directory, manifest, SHARDED_FILES)
-    words = read_table(directory / RARE_FILTER, {"word": pa.uint64()}, full=verify)["word"]
-    table = replace(ngram_table(directory, dtype, manifest, full=verify), rare_filter=words)
+    table = replace(ngram_table(directory, dtype, manifest, full=verify),
+                    **_rare_filters(directory, manifest, len(records), verify))
     if verify:
         check_ids(NGRAM, table.context, int(manifest["tokenizer"]["vocab_size"]), None)
         check_ids(NGRAM, table.next, int(manifest["tokenizer"]["vocab_size"]), None)
