@@ -230,6 +230,7 @@ def project(rows: list[dict], ram_gb: float = 24.0, targets=(10**9, 10**10)) -> 
     b, a = np.polyfit([r["shards"] for r in at_l], [r["p99_min3_ms"] for r in at_l], 1)
     one = sorted((r for r in rows if r["shards"] == at_l[0]["shards"]), key=lambda r: r["tokens"])
     c = np.polyfit(np.log2([r["tokens"] for r in one]), [r["p99_min3_ms"] for r in one], 1)[0] if len(one) > 1 else 0.0
+    c = max(0.0, c)  # a binary search never gets cheaper as the store grows: a negative fit is noise
     k, m0 = np.polyfit([r["max_shard_tokens"] for r in rows], [r["peak_rss_mb"] for r in rows], 1)
     shard_cap = min(2**31 - 2, int((0.8 * ram_gb * 1024 - m0) / max(k, 1e-9)))
     ref = at_l[-1]
