@@ -16,10 +16,11 @@ import numpy as np
 
 from retrieval_draft.atomic import swap_into_place, temp_dir_next_to
 from retrieval_draft.store.store_cache import record_verified, store_identity
-from retrieval_draft.errors import TokenizerMismatchError
+from retrieval_draft.errors import InvalidInputError, TokenizerMismatchError
 from retrieval_draft.store.layout import FORMAT_VERSION, separator_id, token_dtype
 from retrieval_draft.store.manifest import write_manifest
 from retrieval_draft.store.reader import open_datastore
+from retrieval_draft.store.sharded import ShardedDatastore
 from retrieval_draft.store.suffix_trie import key_width
 from retrieval_draft.store.tokenizer import tokenizer_fingerprint, tokenizer_vocab_size
 from retrieval_draft_datastore.encode import encode_corpus
@@ -118,6 +119,8 @@ def merge(first: Path, second: Path, out: Path, *, params: IndexParams | None = 
     """
     a = open_datastore(first)
     b = open_datastore(second)
+    if isinstance(a, ShardedDatastore) or isinstance(b, ShardedDatastore):
+        raise InvalidInputError("merge takes flat stores; build a sharded store from the sources instead")
     if a.fingerprint != b.fingerprint or a.vocab_size != b.vocab_size:
         raise TokenizerMismatchError(f"cannot merge: {first} and {second} were built with different tokenizers")
     params = params or IndexParams(**a.manifest["params"])

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from retrieval_draft.errors import InvalidInputError
-from retrieval_draft.store.reader import Datastore, open_datastore
+from retrieval_draft.store.reader import open_datastore
+from retrieval_draft.store.sharded import ShardedDatastore
 from retrieval_draft_datastore.index import IndexParams
 from retrieval_draft_datastore.sources import SourceOptions
 
@@ -43,9 +44,14 @@ def register(subparsers) -> None:
     b.add_argument("--min-count", type=int, default=defaults.min_count, help="drop rarer contexts")
     b.add_argument("--sort-depth", type=int, default=defaults.sort_depth, help="longest suffix match, tokens")
     b.add_argument("--trie-depth", type=int, default=defaults.trie_depth, help="longest trie key, tokens")
-    b.add_argument("--table-min-total", type=int, default=defaults.table_min_total,
+    b.add_argument("--table-min-total", type=int,
                    help="contexts seen at least this often go in the n-gram table; rarer ones are counted "
-                        "from the suffix array when drafting (smaller store, same drafts)")
+                        "from the suffix array when drafting (smaller store, same drafts). Default: "
+                        f"{defaults.table_min_total}; with --shard-tokens, --min-count (every context that "
+                        "drafts is in the table, so no step searches every shard)")
+    b.add_argument("--shard-tokens", type=int,
+                   help="build a sharded store: shards of whole documents of at most this many tokens, each "
+                        "indexed on its own, queried as one store (needed past 2**31 tokens)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local: one process (default); ray: Ray Data, local or a cluster (pip install "
@@ -108,28 +114,48 @@ def _tokenizer(args):
 
 def cmd_build(args) -> int:
     """``build``: tokenise and index the sources into ``--out``."""
-    from retrieval_draft_datastore.builder import build
-
+    table_min = args.table_min_total
+    if table_min is None:
+        table_min = args.min_count if args.shard_tokens is not None else IndexParams().table_min_total
     params = IndexParams(max_order=args.max_order, top_k=args.top_k, min_count=args.min_count,
-                         sort_depth=args.sort_depth, trie_depth=args.trie_depth,
-                         table_min_total=args.table_min_total)
+                         sort_depth=args.sort_depth, trie_depth=args.trie_depth, table_min_total=table_min)
     options = SourceOptions(
         globs=tuple(args.glob or ["*"]), excludes=tuple(args.exclude or ()), field=args.field, column=args.column
     )
     if args.engine == "local" and (args.address or args.workers):
         raise InvalidInputError("--address and --workers need --engine ray")
-    if args.engine == "ray":
-        from retrieval_draft_datastore.ray_build import build_ray
+    if args.shard_tokens is not None:
+        from retrieval_draft_datastore.shard_build import check_shard_tokens
 
-        manifest = build_ray(args.sources, args.out, _tokenizer(args), options=options, params=params,
-                             address=args.address, workers=args.workers, progress=not args.quiet)
-    else:
-        manifest = build(args.sources, args.out, _tokenizer(args), options=options, params=params,
-                         progress=not args.quiet)
+        check_shard_tokens(args.shard_tokens)  # before loading the tokenizer
+    manifest = _run_build(args, params, options)
     stats = manifest["stats"]
     _compile_query_kernels(args.out)
     print(f"built {args.out}: {stats['documents']} documents, {stats['tokens']} tokens")
     return 0
+
+
+def _run_build(args, params: IndexParams, options: SourceOptions) -> dict:
+    """The build ``args`` ask for: local or Ray, flat or sharded (``--shard-tokens``); its manifest."""
+    progress = not args.quiet
+    if args.engine == "ray":
+        ray_args = {"address": args.address, "workers": args.workers, "progress": progress}
+        if args.shard_tokens is not None:
+            from retrieval_draft_datastore.ray_shards import build_sharded_ray
+
+            return build_sharded_ray(args.sources, args.out, _tokenizer(args), args.shard_tokens, options=options,
+                                     params=params, **ray_args)
+        from retrieval_draft_datastore.ray_build import build_ray
+
+        return build_ray(args.sources, args.out, _tokenizer(args), options=options, params=params, **ray_args)
+    if args.shard_tokens is not None:
+        from retrieval_draft_datastore.shard_build import build_sharded
+
+        return build_sharded(args.sources, args.out, _tokenizer(args), args.shard_tokens, options=options,
+                             params=params, progress=progress)
+    from retrieval_draft_datastore.builder import build
+
+    return build(args.sources, args.out, _tokenizer(args), options=options, params=params, progress=progress)
 
 
 def cmd_merge(args) -> int:
@@ -141,22 +167,37 @@ def cmd_merge(args) -> int:
     return 0
 
 
-def store_numbers(store: Datastore) -> dict:
-    """Token count, contexts, bytes per token per file, parameters and fingerprint of a store."""
+def _file_bytes(store) -> dict[str, int]:
+    """Bytes per data file name, summed over a sharded store's shards and its own table."""
+    total: dict[str, int] = {}
+    for part in (store, *store.shards) if isinstance(store, ShardedDatastore) else (store,):
+        for name, record in part.manifest["files"].items():
+            total[name] = total.get(name, 0) + int(record["bytes"])
+    return total
+
+
+def store_numbers(store) -> dict:
+    """Token count, contexts, bytes per token per file, parameters, fingerprint and (sharded) the
+    shards of a store (flat or sharded)."""
     stats = store.manifest["stats"]
     tokens = int(stats["tokens"])
-    files = store.manifest["files"]
+    files = _file_bytes(store)
+    shards = [{"dir": shard.path.name, "tokens": int(shard.tokens.size),
+               "documents": int(shard.manifest["stats"]["documents"]),
+               "bytes": sum(int(f["bytes"]) for f in shard.manifest["files"].values())}
+              for shard in store.shards] if isinstance(store, ShardedDatastore) else []
     return {
         "path": str(store.path),
         "documents": stats["documents"],
         "tokens": tokens,
         "contexts_per_order": stats["contexts_per_order"],
-        "trie_keys": stats["trie_keys"],
-        "bytes_per_token": {name: round(f["bytes"] / tokens, 3) for name, f in files.items()},
-        "bytes_per_token_total": round(sum(f["bytes"] for f in files.values()) / tokens, 3),
+        "trie_keys": sum(int(shard.manifest["stats"]["trie_keys"]) for shard in store.shards),
+        "bytes_per_token": {name: round(size / tokens, 3) for name, size in files.items()},
+        "bytes_per_token_total": round(sum(files.values()) / tokens, 3),
         "params": store.params,
         "storage": store.manifest["storage"],
         "tokenizer": store.manifest["tokenizer"],
+        "shards": shards,
     }
 
 
@@ -177,6 +218,11 @@ def cmd_inspect(args) -> int:
     print("bytes_per_token: " + ", ".join(f"{k}={v}" for k, v in numbers["bytes_per_token"].items()))
     print("params: " + ", ".join(f"{k}={v}" for k, v in numbers["params"].items()))
     print(f"tokenizer: vocab_size={store.vocab_size} fingerprint={store.fingerprint}")
+    if numbers["shards"]:
+        print(f"shards: {len(numbers['shards'])} (format {store.manifest['format_version']}, one table, queried as one)")
+        for shard in numbers["shards"]:
+            print(f"  {shard['dir']}: {shard['tokens']} tokens, {shard['documents']} documents, "
+                  f"{shard['bytes'] / 1e6:.1f} MB")
     if args.query:
         tokenizer = _tokenizer(args)
         ids = np.asarray(tokenizer(args.query, add_special_tokens=False)["input_ids"], dtype=np.int64)

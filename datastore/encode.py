@@ -83,6 +83,15 @@ def encode_texts(tokenizer, texts: list[str], vocab_size: int) -> list[np.ndarra
     return encoded
 
 
+def encode_chunks(docs: Iterable[str], tokenizer, *, dtype: np.dtype, sep: int, vocab_size: int) -> Iterator[np.ndarray]:
+    """The stream ``encode_corpus`` writes, as one (n,) ``dtype`` array per batch of documents
+    (each ends with a separator; empty documents dropped). Raises TokenIdOutOfRangeError."""
+    for batch in document_batches(docs, BATCH_DOCS, BATCH_CHARS):
+        flat = encode_batch(tokenizer, batch, sep, vocab_size)
+        if flat.size:
+            yield flat.astype(dtype)
+
+
 def encode_corpus(
     docs: Iterable[str],
     tokenizer,

@@ -32,7 +32,7 @@ from retrieval_draft_datastore.ray_tokenise import ShardTokeniser, plan_shards, 
 from retrieval_draft_datastore.sources import SourceOptions, plan_files
 
 
-def _import_ray():
+def import_ray():
     try:
         import ray
         import ray.data  # noqa: F401
@@ -41,7 +41,7 @@ def _import_ray():
     return ray
 
 
-def _connect(ray, address: str | None, workers: int | None) -> bool:
+def connect(ray, address: str | None, workers: int | None) -> bool:
     """Join the runtime at ``address``, or the one this process already has, or start a local one
     with ``workers`` CPUs. Returns whether we started it (and so must stop it)."""
     if ray.is_initialized():
@@ -55,7 +55,7 @@ def _connect(ray, address: str | None, workers: int | None) -> bool:
     return True
 
 
-def _one_line(error: BaseException) -> RetrievalDraftError:
+def one_line(error: BaseException) -> RetrievalDraftError:
     """Our own typed error if a worker raised one, else a DatastoreError with the first line of the cause."""
     seen = set()
     current: BaseException | None = error
@@ -78,7 +78,7 @@ def build_ray(sources: list[str], out: Path, tokenizer, *, options: SourceOption
     Raises InvalidInputError (no Ray, bad sources), EmptyCorpusError,
     DatastoreError (the runtime failed); ``out`` is untouched on any failure.
     """
-    ray = _import_ray()
+    ray = import_ray()
     if workers is not None and workers < 1:
         raise InvalidInputError("--workers must be >= 1")
     vocab_size = tokenizer_vocab_size(tokenizer)
@@ -86,7 +86,7 @@ def build_ray(sources: list[str], out: Path, tokenizer, *, options: SourceOption
     sep = separator_id(dtype)
     if not files:
         raise EmptyCorpusError("the sources hold no files to read")
-    started = _connect(ray, address, workers)
+    started = connect(ray, address, workers)
     tmp = temp_dir_next_to(out)
     try:
         workers = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -114,7 +114,7 @@ def build_ray(sources: list[str], out: Path, tokenizer, *, options: SourceOption
     except RetrievalDraftError:
         raise
     except Exception as error:  # Ray wraps worker failures in its own exception types
-        raise _one_line(error) from error
+        raise one_line(error) from error
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if started:

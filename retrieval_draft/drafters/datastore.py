@@ -15,9 +15,13 @@ from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.registry import STORE_DRAFTERS, DraftSources, make_drafters
 from retrieval_draft.errors import InvalidInputError, TokenIdOutOfRangeError, TokenizerMismatchError
 from retrieval_draft.store.reader import Datastore
+from retrieval_draft.store.sharded import ShardedDatastore
+
+OpenStore = (Datastore, ShardedDatastore)  # what opening a store's directory gives: flat or sharded
 
 
-def open_checked_store(datastore: str | Path | Datastore, *, vocab_size: int, tokenizer=None, memory=None) -> Datastore:
+def open_checked_store(datastore: str | Path | Datastore | ShardedDatastore, *, vocab_size: int, tokenizer=None,
+                       memory=None) -> Datastore | ShardedDatastore:
     """The store to draft from, checked against the model and tokenizer.
 
     ``datastore``: an opened store, or a path opened through ``memory.stores``
@@ -29,7 +33,7 @@ def open_checked_store(datastore: str | Path | Datastore, *, vocab_size: int, to
     from retrieval_draft.memory import PROCESS_MEMORY
 
     memory = memory if memory is not None else PROCESS_MEMORY
-    store = datastore if isinstance(datastore, Datastore) else memory.stores.open(datastore)
+    store = datastore if isinstance(datastore, OpenStore) else memory.stores.open(datastore)
     if store.vocab_size > vocab_size:
         raise TokenIdOutOfRangeError(
             f"datastore {store.path} has vocabulary size {store.vocab_size}, larger than the model's {vocab_size}"
@@ -39,7 +43,7 @@ def open_checked_store(datastore: str | Path | Datastore, *, vocab_size: int, to
     return store
 
 
-StoreSpec = str | os.PathLike | Datastore  # a store's directory, or a store already opened
+StoreSpec = str | os.PathLike | Datastore | ShardedDatastore  # a store's directory, or a store already opened
 
 
 def store_specs(datastore) -> list[StoreSpec]:
@@ -56,16 +60,16 @@ def store_specs(datastore) -> list[StoreSpec]:
         raise InvalidInputError("datastore= is an empty list; give a datastore path (or several), or leave it out")
     seen = set()
     for item in items:
-        if not isinstance(item, (str, os.PathLike, Datastore)):
+        if not isinstance(item, (str, os.PathLike, *OpenStore)):
             raise InvalidInputError(
                 f"datastore= takes a datastore path, an opened store, or a list of them; got {type(item).__name__}"
             )
-        where = os.path.realpath(item.path if isinstance(item, Datastore) else item)
+        where = os.path.realpath(item.path if isinstance(item, OpenStore) else item)
         if where in seen:
             raise InvalidInputError(f"datastore= names the store {where} twice")
         seen.add(where)
     for item in items:
-        if not isinstance(item, Datastore):
+        if not isinstance(item, OpenStore):
             store_identity(item)  # raises CorruptDatastoreError for a missing store
     return items
 
@@ -93,7 +97,7 @@ def datastore_drafters(
     return make_drafters(kinds, DraftSources(store=store))
 
 
-def compile_store_drafters(store: Datastore) -> None:
+def compile_store_drafters(store: Datastore | ShardedDatastore) -> None:
     """Run every store drafter once on ``store``'s own opening tokens.
 
     The query kernels are Numba functions cached on disk per argument types (uint16 or uint32
@@ -102,6 +106,6 @@ def compile_store_drafters(store: Datastore) -> None:
     2.7 s, plain ``generate`` 3.5 s). The store builder calls this after each build, so the
     compilation falls in the build instead.
     """
-    context = np.asarray(store.tokens[:16], dtype=np.int64)
+    context = np.asarray(store.shards[0].tokens[:16], dtype=np.int64)
     for drafter in make_drafters(STORE_DRAFTERS, DraftSources(store=store)):
         drafter.propose(context, 8)

@@ -8,7 +8,8 @@ recurse with the extended context keeping ``widths[1]`` children, and so on
 (widths past the tuple are 1: greedy). Each root-to-leaf path is one Draft;
 ``probs[i] = count(next) / (total(context) + pseudo)`` at that level, so a
 context seen once is not taken for a certainty. One Numba call
-per propose.
+per propose, over every shard of a sharded store (the merge rule that
+gives exactly the one-shard drafts: ``retrieval_draft.store.query.context_row``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.store.query import ngram_drafts
 from retrieval_draft.store.reader import Datastore
+from retrieval_draft.store.sharded import ShardedDatastore
 
 
 class NgramDrafter(Drafter):
@@ -28,7 +30,7 @@ class NgramDrafter(Drafter):
 
     def __init__(
         self,
-        store: Datastore,
+        store: Datastore | ShardedDatastore,
         *,
         widths: tuple[int, ...] = (4, 2),
         max_drafts: int = 16,
@@ -40,10 +42,8 @@ class NgramDrafter(Drafter):
         if pseudo < 0:
             raise ValueError("pseudo must be >= 0")
         self._pseudo = float(pseudo)
-        t = store.ngrams
-        self._table = (t.offsets, t.context, t.next, t.count, t.total, t.min_count, t.complete)
-        self._store = (store.tokens, store.suffix_words, store.position_bits, store.separator,
-                       store.range_lo, store.range_hi, store.vocab_size)
+        self._table = store.ngrams.as_kernel_tuple()
+        self._store = store.kernel_arrays
         self._max_order = int(store.params["max_order"])
         self._widths = tuple(int(w) for w in widths)
         self._max_drafts = int(max_drafts)

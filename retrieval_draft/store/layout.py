@@ -38,6 +38,23 @@ equal to their parent context's row and stores counts as uint16. Version 1
 compares straight across separators and stores uint32 counts. All three
 open and draft: v1 and v2 tables hold every context, so nothing is counted
 from their suffix arrays.
+
+A sharded store (version 4, ``retrieval_draft.store.sharded``) is one
+directory too::
+
+    manifest.json        as above, plus ``shards``: per shard its directory
+                         name, tokens, documents and the sha256 of its manifest
+    ngram.arrow          the n-gram table of the whole corpus, byte for byte
+                         the table a one-shard build writes (counted across
+                         the shards by the builder, ``shard_table``)
+    rare_contexts.arrow  column ``word`` (uint64): a Bloom filter of the
+                         contexts too rare for the table that still draft
+                         (``retrieval_draft.store.rare_filter``)
+    shard-00000/ ...     one version-3 store per shard, a run of whole
+                         documents of at most ``MAX_STREAM_TOKENS`` tokens; its
+                         own ngram.arrow holds no rows (``SHARD_TABLE_MIN``)
+
+so a corpus past 2**31 tokens is one store, queried as one.
 """
 
 from __future__ import annotations
@@ -45,7 +62,8 @@ from __future__ import annotations
 import numpy as np
 
 FORMAT_VERSION = 3
-SUPPORTED_VERSIONS = (1, 2, 3)
+SHARDED_VERSION = 4  # a manifest that lists shards (each a FORMAT_VERSION store) and one n-gram table
+SUPPORTED_VERSIONS = (1, 2, 3, 4)
 PACKED_SINCE = 3  # first version with packed positions and a frequent-contexts-only table
 
 MANIFEST = "manifest.json"
@@ -55,11 +73,22 @@ SUFFIX_RANGES = "suffix_ranges.arrow"
 TRIE = "suffix.trie"
 NGRAM = "ngram.arrow"
 DATA_FILES = (TOKENS, SUFFIX_ARRAY, SUFFIX_RANGES, TRIE, NGRAM)
+RARE_FILTER = "rare_contexts.arrow"
+SHARDED_FILES = (NGRAM, RARE_FILTER)  # the data files at the top of a sharded store
+SHARD_TABLE_MIN = 2**32 - 1  # a shard's own table threshold: no rows (the store's table holds the counts)
 
 MAX_STORED_TOTAL = 0xFFFF  # v2 builds scale the few bigger n-gram rows down to this total
 UINT16_MAX_VOCAB = 0xFFFF  # ids 0..65534 plus separator 0xFFFF
 UINT32_MAX_VOCAB = 0xFFFFFFFF
 MAX_STREAM_TOKENS = 2**31 - 2  # positions fit 31 bits
+
+
+SHARD_PREFIX = "shard-"
+
+
+def shard_name(index: int) -> str:
+    """Directory name of shard ``index`` (0-based) inside a sharded store."""
+    return f"{SHARD_PREFIX}{index:05d}"
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

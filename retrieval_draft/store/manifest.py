@@ -33,16 +33,22 @@ def _canonical(body: dict) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
-def write_manifest(directory: Path, body: dict) -> dict:
-    """Add file checksums and the self checksum to ``body``; write manifest.json atomically."""
+def write_manifest(directory: Path, body: dict, names: tuple[str, ...] = DATA_FILES) -> dict:
+    """Add the checksums of the files ``names`` and the self checksum to ``body``; write
+    manifest.json atomically."""
     body = dict(body)
     body["files"] = {
         name: {"sha256": file_sha256(directory / name), "bytes": (directory / name).stat().st_size}
-        for name in DATA_FILES
+        for name in names
     }
     body["manifest_sha256"] = hashlib.sha256(_canonical(body)).hexdigest()
     atomic_write_bytes(directory / MANIFEST, json.dumps(body, indent=2, sort_keys=True).encode("utf-8"))
     return body
+
+
+def manifest_digest(directory: Path) -> str:
+    """sha256 hex of a store's manifest.json bytes (a sharded store lists its shards' digests)."""
+    return file_sha256(Path(directory) / MANIFEST)
 
 
 def read_manifest(directory: Path) -> dict:
@@ -67,10 +73,10 @@ def read_manifest(directory: Path) -> dict:
     return body
 
 
-def check_sizes(directory: Path, manifest: dict) -> None:
-    """Check that every data file exists with the recorded size (cheap: no reads)."""
+def check_sizes(directory: Path, manifest: dict, names: tuple[str, ...] = DATA_FILES) -> None:
+    """Check that every data file ``names`` exists with the recorded size (cheap: no reads)."""
     files = manifest.get("files", {})
-    for name in DATA_FILES:
+    for name in names:
         path = Path(directory) / name
         record = files.get(name)
         if not isinstance(record, dict):
@@ -81,10 +87,10 @@ def check_sizes(directory: Path, manifest: dict) -> None:
             raise CorruptDatastoreError(f"{name}: size {path.stat().st_size} != {record.get('bytes')} (truncated?)")
 
 
-def verify_files(directory: Path, manifest: dict) -> None:
-    """Check that every data file exists with the recorded size and sha256."""
-    check_sizes(directory, manifest)
-    for name in DATA_FILES:
+def verify_files(directory: Path, manifest: dict, names: tuple[str, ...] = DATA_FILES) -> None:
+    """Check that every data file ``names`` exists with the recorded size and sha256."""
+    check_sizes(directory, manifest, names)
+    for name in names:
         path = Path(directory) / name
         if file_sha256(path) != manifest["files"][name].get("sha256"):
             raise CorruptDatastoreError(f"{name}: sha256 mismatch (corrupt file)")

@@ -2,8 +2,10 @@
 
 All take the query as int64 ids and write drafts into caller-owned output
 arrays ``out_tok`` (P, L) int64, ``out_prob`` (P, L) float64, ``out_len``
-(P,) int64, returning the number of drafts written. The suffix array comes
-as ``words``/``bits`` (``retrieval_draft.store.packed``).
+(P,) int64, returning the number of drafts written. A store comes as the
+``shard_arrays`` tuple (one entry per shard; a flat store is one shard); one
+suffix array as ``words``/``bits`` (``retrieval_draft.store.packed``). The
+suffix drafter's kernels are in ``suffix_query``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import numpy as np
 from numba import njit
 
 from retrieval_draft.store.packed import position_at
+from retrieval_draft.store.rare_filter import context_hash, may_contain
 
 
 @njit(cache=True)
@@ -36,6 +39,8 @@ def narrow_range(tokens, words, bits, lo, hi, query) -> tuple:
         else:
             b = mid
     start = a
+    if a == hi or _compare_suffix(tokens, position_at(words, bits, a), query, m) != 0:
+        return start, start  # no suffix starts with the query: the second search would find nothing
     b = hi
     while a < b:  # first suffix > query (on its first m tokens)
         mid = (a + b) // 2
@@ -86,24 +91,15 @@ def insert_top_k(token, count, out_tok, out_cnt) -> None:
 
 
 @njit(cache=True)
-def _count_from_suffixes(store, ctx, top_k, row_tok, row_cnt) -> int:
-    """Top-k next ids of context ``ctx`` (n,) counted from the suffix array, into row_tok/row_cnt
-    (count desc, then id asc; 0 = empty slot). Returns the continuations in total.
-
-    ``store`` = (tokens, words, bits, sep, range_lo, range_hi, vocab_size); rows
-    ``range_lo/hi[t]`` bound the suffixes starting with id t (format 3). The
-    context's rows are one range sorted by their next id (separators last), so
-    each next id is one run: the work is the range's length.
-    """
-    tokens, words, bits, sep, range_lo, range_hi, vocab_size = store
+def _shard_runs(store, i, ctx, ids, cnts, m) -> tuple:
+    """Append (next id, count) of every run of context ``ctx`` (n,) in shard ``i``'s suffix array
+    to ``ids``/``cnts`` from index ``m`` (growing them when full). Runs come in id order (the
+    context's rows are one range sorted by their next id, separators last), so the work is the
+    range's length. Returns (ids, cnts, m)."""
+    tokens_l, words_l, bits_l, first_lo, first_hi, sep, vocab_size = store
+    tokens, words, bits = tokens_l[i], words_l[i], bits_l[i]
     n = ctx.size
-    for k in range(top_k):
-        row_tok[k] = 0
-        row_cnt[k] = 0
-    if ctx[0] < 0 or ctx[0] >= vocab_size:
-        return 0
-    s, e = narrow_range(tokens, words, bits, np.int64(range_lo[ctx[0]]), np.int64(range_hi[ctx[0]]), ctx)
-    total = 0
+    s, e = narrow_range(tokens, words, bits, np.int64(first_lo[i][ctx[0]]), np.int64(first_hi[i][ctx[0]]), ctx)
     j = s
     while j < e:
         t = np.int64(tokens[position_at(words, bits, j) + n])
@@ -112,9 +108,52 @@ def _count_from_suffixes(store, ctx, top_k, row_tok, row_cnt) -> int:
         end = j + 1
         while end < e and np.int64(tokens[position_at(words, bits, end) + n]) == t:
             end += 1
-        total += end - j
-        insert_top_k(t, end - j, row_tok, row_cnt)
+        if m == ids.size:
+            ids = np.concatenate((ids, np.empty(ids.size, np.int64)))
+            cnts = np.concatenate((cnts, np.empty(cnts.size, np.int64)))
+        ids[m] = t
+        cnts[m] = end - j
+        m += 1
         j = end
+    return ids, cnts, m
+
+
+@njit(cache=True)
+def count_from_suffixes(store, ctx, top_k, row_tok, row_cnt, rare, rare_off) -> int:
+    """Top-k next ids of context ``ctx`` (n,) counted from the suffix arrays of every shard, into
+    row_tok/row_cnt (count desc, then id asc; 0 = empty slot). Returns the continuations in total.
+
+    ``store``: the ``shard_arrays`` tuple. Each shard's runs are counted, then the counts of one
+    id are summed across shards and inserted in id order: exactly what one suffix array over the
+    shards' documents laid end to end gives (its run of an id is the shards' runs together).
+    ``rare``/``rare_off``: the shards' rare-context filters (``NgramTable``); a shard whose filter
+    rules the context out is skipped (empty ``rare_off``: no filters, every shard is searched).
+    """
+    vocab_size = store[6]
+    for k in range(top_k):
+        row_tok[k] = 0
+        row_cnt[k] = 0
+    if ctx[0] < 0 or ctx[0] >= vocab_size:
+        return 0
+    ids = np.empty(64, np.int64)
+    cnts = np.empty(64, np.int64)
+    m = 0
+    h = context_hash(ctx) if rare_off.size else np.uint64(0)
+    for i in range(len(store[0])):
+        if rare_off.size and not may_contain(rare[rare_off[i] : rare_off[i + 1]], h):
+            continue  # shard i holds no row of this context (a filter has no false negatives)
+        ids, cnts, m = _shard_runs(store, i, ctx, ids, cnts, m)
+    order = np.argsort(ids[:m], kind="mergesort") if len(store[0]) > 1 else np.arange(m)
+    total = 0
+    k = 0
+    while k < m:
+        t = ids[order[k]]
+        c = 0
+        while k < m and ids[order[k]] == t:
+            c += cnts[order[k]]
+            k += 1
+        total += c
+        insert_top_k(t, c, row_tok, row_cnt)
     return total
 
 
@@ -124,11 +163,21 @@ def context_row(table, store, history, hlen, row_tok, row_cnt) -> int:
     least ``min_count`` continuations: its next ids and counts into row_tok/row_cnt (top_k,),
     returning its total (0: no context matches).
 
-    ``table`` = (offsets, context, next, count, total, min_count, complete);
-    ``store`` as ``_count_from_suffixes`` takes it. A context missing from an
-    incomplete table is counted from the suffix array.
+    ``table`` = (offsets, context, next, count, total, min_count, complete, rare_filter, rare_offsets)
+    (``NgramTable.as_kernel_tuple``);
+    ``store`` as ``count_from_suffixes`` takes it. A context missing from an
+    incomplete table is counted from the suffix arrays of every shard.
+
+    The rule that makes a sharded store draft exactly as one index over the same
+    documents: a sharded store's table is the whole corpus's table (the builder
+    counts each context across all shards, ``shard_table``), so a context is in it
+    exactly when it would be in a one-shard store's, with the same top-k, counts and
+    total; a context missing from it has fewer than ``table_min_total``
+    continuations in the whole corpus and is counted from every shard's suffix array,
+    its runs summed per id (``count_from_suffixes``), skipping the shards whose rare-context
+    filter rules it out (no row of a drafting rare context there: ``rare_filter``).
     """
-    offsets, context, nxt, cnt, tot, min_count, complete = table
+    offsets, context, nxt, cnt, tot, min_count, complete, rare, rare_off = table
     max_order = offsets.size - 2
     for n in range(min(max_order, hlen), 0, -1):
         ctx = history[hlen - n : hlen]
@@ -139,7 +188,7 @@ def context_row(table, store, history, hlen, row_tok, row_cnt) -> int:
                 row_cnt[k] = cnt[row, k]
             return np.int64(tot[row])
         if not complete:
-            total = _count_from_suffixes(store, ctx, row_tok.size, row_tok, row_cnt)
+            total = count_from_suffixes(store, ctx, row_tok.size, row_tok, row_cnt, rare, rare_off)
             if total >= min_count and total > 0:
                 return total
     return 0
@@ -198,78 +247,3 @@ def ngram_drafts(query, table, store, widths, pseudo, out_tok, out_prob, out_len
                 out_len[target] = depth + 1
                 kids += 1
     return n_paths if out_len[0] > 0 else 0
-
-
-@njit(cache=True)
-def suffix_drafts(tokens, words, bits, lo, hi, m, sep, samples, branches, pseudo, out_tok, out_prob, out_len) -> int:
-    """Frequency-weighted continuations of a match of length ``m`` over sa[lo:hi].
-
-    Reads up to ``samples`` occurrences spread evenly over the range (the
-    range is sorted, so this is a stratified sample), stops each at a
-    separator, then for each of the ``branches`` most frequent first tokens
-    follows the majority token among the still-agreeing occurrences. Step
-    probability = occurrences continuing that way / occurrences before the
-    step, plus ``pseudo`` (unseen occurrences that shrink thin evidence). Ties
-    go to the smaller id, so results are deterministic.
-    """
-    max_len = out_tok.shape[1]
-    span = hi - lo
-    s = min(span, samples)
-    cont = np.empty((s, max_len), np.int64)
-    clen = np.zeros(s, np.int64)
-    for k in range(s):
-        p = position_at(words, bits, lo + (k * span) // s) + m
-        L = 0
-        while L < max_len and p + L < tokens.size and tokens[p + L] != sep:
-            cont[k, L] = tokens[p + L]
-            L += 1
-        clen[k] = L
-    active = np.zeros(s, np.bool_)
-    used = np.zeros(s, np.bool_)  # rows whose first token was already a branch
-    n = 0
-    while n < min(branches, out_tok.shape[0]):
-        first, count = _majority(cont, clen, ~used, 0)
-        if count == 0:
-            break
-        for k in range(s):
-            active[k] = (not used[k]) and clen[k] > 0 and cont[k, 0] == first
-            used[k] = used[k] or active[k]
-        out_tok[n, 0] = first
-        out_prob[n, 0] = count / (s + pseudo)
-        depth = 1
-        while depth < max_len:
-            tok, c = _majority(cont, clen, active, depth)
-            if c == 0:
-                break
-            live = 0
-            for k in range(s):
-                if active[k]:
-                    live += 1
-                    active[k] = clen[k] > depth and cont[k, depth] == tok
-            out_tok[n, depth] = tok
-            out_prob[n, depth] = c / (live + pseudo)
-            depth += 1
-        out_len[n] = depth
-        n += 1
-    return n
-
-
-@njit(cache=True)
-def _majority(cont, clen, mask, depth) -> tuple:
-    """Most frequent id at ``depth`` among masked rows long enough (ties: smaller id); (id, count)."""
-    ids = np.empty(cont.shape[0], np.int64)
-    n = 0
-    for k in range(cont.shape[0]):
-        if mask[k] and clen[k] > depth:
-            ids[n] = cont[k, depth]
-            n += 1
-    if n == 0:
-        return -1, 0
-    ids = np.sort(ids[:n])
-    best, best_count = ids[0], 0
-    run = 0
-    for k in range(n):
-        run = run + 1 if k > 0 and ids[k] == ids[k - 1] else 1
-        if run > best_count:
-            best, best_count = ids[k], run
-    return best, best_count

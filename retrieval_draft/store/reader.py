@@ -8,8 +8,10 @@ schemas and lengths, and that every stored id is below the vocabulary size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import datrie
 import numpy as np
@@ -18,11 +20,14 @@ import pyarrow as pa
 from retrieval_draft.errors import CorruptDatastoreError, TokenIdOutOfRangeError
 from retrieval_draft.store.arrow_io import read_table
 from retrieval_draft.store.layout import (
-    NGRAM, PACKED_SINCE, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE, separator_id, token_dtype,
+    NGRAM, PACKED_SINCE, SHARDED_VERSION, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE, separator_id, token_dtype,
 )
 from retrieval_draft.store.manifest import check_sizes, read_manifest, verify_files
 from retrieval_draft.store.packed import max_position, packed_words, position_bits, unpack_positions
 from retrieval_draft.store.suffix_trie import key_width, load_trie
+
+if TYPE_CHECKING:
+    from retrieval_draft.store.sharded import ShardedDatastore
 
 
 @dataclass(frozen=True)
@@ -35,8 +40,13 @@ class NgramTable:
         next: (R, top_k) ids; count: (R, top_k) uint16/uint32 (0 = empty slot);
         total: (R,) uint16/uint32 continuations of the context.
         min_count: contexts with fewer continuations never draft.
-        complete: every context with >= min_count continuations has a row (v1, v2); otherwise
-            (v3) contexts rarer than the table's threshold are counted from the suffix array.
+        complete: every context with >= min_count continuations has a row (v1, v2, or a table
+            built down to min_count); otherwise contexts rarer than the table's threshold are
+            counted from the suffix array.
+        rare_filter: (W,) uint64, one Bloom filter per shard of the contexts too rare for the
+            table that draft and occur in that shard (sharded stores, ``rare_filter``);
+            rare_offsets: (S + 1,) int64, shard i's filter is rare_filter[off[i]:off[i + 1]].
+            Both empty (flat stores): every table miss is counted in every shard.
     """
 
     offsets: np.ndarray
@@ -46,6 +56,13 @@ class NgramTable:
     total: np.ndarray
     min_count: int
     complete: bool
+    rare_filter: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    rare_offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def as_kernel_tuple(self) -> tuple:
+        """What ``query.context_row`` takes as ``table``."""
+        return (self.offsets, self.context, self.next, self.count, self.total, self.min_count, self.complete,
+                self.rare_filter, self.rare_offsets)
 
 
 @dataclass(frozen=True)
@@ -86,6 +103,29 @@ class Datastore:
         """The suffix array unpacked, (T,) uint32 (a copy for v3 stores: for tools and tests)."""
         return unpack_positions(self.suffix_words, self.position_bits, self.tokens.size)
 
+    @property
+    def shards(self) -> tuple["Datastore", ...]:
+        """The indexes drafted from: this store alone (a sharded store has many, ``sharded``)."""
+        return (self,)
+
+    def first_ranges(self) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi), each (vocab_size,) uint32: the suffix-array rows starting with id t are
+        lo[t]:hi[t]. Format 3 stores them (rows 0..vocab-1 of suffix_ranges); for v1/v2 stores
+        every id gets the whole array, which the kernels' binary search narrows the same way."""
+        vocab = self.vocab_size
+        if self.manifest["format_version"] >= PACKED_SINCE:
+            return self.range_lo[:vocab], self.range_hi[:vocab]
+        lo, hi = np.zeros(vocab, np.uint32), np.full(vocab, self.tokens.size, np.uint32)
+        lo.flags.writeable = hi.flags.writeable = False  # the same Numba types as memory-mapped views
+        return lo, hi
+
+    @cached_property
+    def kernel_arrays(self) -> tuple:
+        """The query kernels' view of this store's shards (``shard_arrays``), built once per store."""
+        from retrieval_draft.store.shard_arrays import shard_arrays
+
+        return shard_arrays(self.shards, self.separator, self.vocab_size)
+
 
 def _check_storage(manifest: dict) -> np.dtype:
     """The stream dtype after checking the storage section against the vocabulary size."""
@@ -109,7 +149,7 @@ def _check_storage(manifest: dict) -> np.dtype:
     return dtype
 
 
-def _check_ids(name: str, ids: np.ndarray, vocab_size: int, sep: int | None) -> None:
+def check_ids(name: str, ids: np.ndarray, vocab_size: int, sep: int | None) -> None:
     """Raise TokenIdOutOfRangeError if any id (other than ``sep``) is >= vocab_size."""
     if ids.size == 0:
         return
@@ -125,12 +165,13 @@ def _check_values(manifest: dict, tokens, words, bits, ranges, ngrams: NgramTabl
     if max_position(words, bits, n) >= n or (ranges["hi"].size and int(ranges["hi"].max()) > n):
         raise CorruptDatastoreError("suffix array or ranges point past the end of the stream")
     vocab_size = int(manifest["tokenizer"]["vocab_size"])
-    _check_ids(TOKENS, tokens, vocab_size, separator_id(tokens.dtype))
-    _check_ids(NGRAM, ngrams.context, vocab_size, None)
-    _check_ids(NGRAM, ngrams.next, vocab_size, None)
+    check_ids(TOKENS, tokens, vocab_size, separator_id(tokens.dtype))
+    check_ids(NGRAM, ngrams.context, vocab_size, None)
+    check_ids(NGRAM, ngrams.next, vocab_size, None)
 
 
-def _ngram_table(directory: Path, dtype: np.dtype, manifest: dict, full: bool = True) -> NgramTable:
+def ngram_table(directory: Path, dtype: np.dtype, manifest: dict, full: bool = True) -> NgramTable:
+    """The n-gram table ``directory``/ngram.arrow as the manifest describes it (params, count dtype)."""
     max_order, top_k = int(manifest["params"]["max_order"]), int(manifest["params"]["top_k"])
     ids = pa.from_numpy_dtype(dtype)
     counts = pa.from_numpy_dtype(np.dtype(manifest["storage"].get("count_dtype", "uint32")))
@@ -144,7 +185,9 @@ def _ngram_table(directory: Path, dtype: np.dtype, manifest: dict, full: bool = 
         raise CorruptDatastoreError(f"{NGRAM}: orders are not sorted")
     # Search values of the column's own dtype: mixed dtypes would convert the whole column first.
     offsets = np.searchsorted(order, np.arange(max_order + 2, dtype=order.dtype), side="left").astype(np.int64)
-    complete = manifest["format_version"] < PACKED_SINCE
+    params = manifest["params"]  # a table down to min_count holds every context that drafts (v1, v2 always)
+    complete = manifest["format_version"] < PACKED_SINCE or int(params.get("table_min_total", 0)) <= int(
+        params.get("min_count", 1))
     return NgramTable(offsets, cols["context"], cols["next"], cols["count"], cols["total"],
                       int(manifest["params"].get("min_count", 1)), complete)
 
@@ -161,8 +204,8 @@ def _suffix_words(directory: Path, manifest: dict, full: bool) -> tuple[np.ndarr
     return words, bits
 
 
-def open_datastore(path: str | Path, *, verify: bool = True) -> Datastore:
-    """Open and validate the datastore at ``path``.
+def open_datastore(path: str | Path, *, verify: bool = True) -> "Datastore | ShardedDatastore":
+    """Open and validate the datastore at ``path`` (a sharded store: ``sharded.open_sharded``).
 
     ``verify=False`` skips every check that reads whole files (sha256, full
     Arrow validation, id ranges): only for files whose exact bytes were verified
@@ -172,6 +215,10 @@ def open_datastore(path: str | Path, *, verify: bool = True) -> Datastore:
     """
     directory = Path(path)
     manifest = read_manifest(directory)
+    if manifest["format_version"] == SHARDED_VERSION:
+        from retrieval_draft.store.sharded import open_sharded
+
+        return open_sharded(directory, manifest, verify=verify)
     dtype = _check_storage(manifest)
     if verify:
         verify_files(directory, manifest)
@@ -181,7 +228,7 @@ def open_datastore(path: str | Path, *, verify: bool = True) -> Datastore:
     tokens = read_table(directory / TOKENS, {"token": ids}, full=verify)["token"]
     words, bits = _suffix_words(directory, manifest, full=verify)
     ranges = read_table(directory / SUFFIX_RANGES, {"lo": pa.uint32(), "hi": pa.uint32()}, full=verify)
-    ngrams = _ngram_table(directory, dtype, manifest, full=verify)
+    ngrams = ngram_table(directory, dtype, manifest, full=verify)
     n = int(manifest["stats"]["tokens"])
     sep = separator_id(dtype)
     if tokens.size != n or (bits == 32 and words.size != n) or n == 0 or tokens[-1] != sep:

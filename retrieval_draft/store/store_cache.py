@@ -10,7 +10,8 @@ the next call opens (and verifies) the new store; a caller still holding the
 old one keeps reading its memory-mapped files, which the rename does not
 touch. A file changed in place (which no build does) changes its mtime and
 ctime and is verified again too. Checking the identity costs six ``stat``
-calls, ~20 us.
+calls, ~20 us (six per shard more for a sharded store, whose every shard file
+is part of its identity, so a damaged shard is verified again).
 
 Across processes: after a full verification the identity is recorded in the
 user cache directory (``cache_dir``, ``verified-stores/``). A new process that
@@ -32,29 +33,44 @@ from typing import TYPE_CHECKING
 
 from retrieval_draft.cache_dir import cache_file, write_cache_json
 from retrieval_draft.errors import CorruptDatastoreError
-from retrieval_draft.store.layout import DATA_FILES, MANIFEST
+from retrieval_draft.store.layout import DATA_FILES, MANIFEST, SHARD_PREFIX
 
 if TYPE_CHECKING:
     from retrieval_draft.store.reader import Datastore
+    from retrieval_draft.store.sharded import ShardedDatastore
 
 
 @dataclass(frozen=True)
 class StoreIdentity:
     """What tells one build of a store from another at the same path.
 
-    ``files``: per file (manifest first, then ``DATA_FILES``) its (device,
-    inode, size, mtime_ns, ctime_ns), or None for a missing data file.
+    ``files``: per file (manifest first, then ``DATA_FILES``, then those of each
+    shard of a sharded store) its (name, device, inode, size, mtime_ns, ctime_ns),
+    or None for a missing data file.
     """
 
     path: str
     files: tuple
 
 
+def _identity_names(resolved: str) -> list[str]:
+    """Files whose stats make a store's identity: the manifest and data files, and for a sharded
+    store the same of every shard directory (``shard-*``) under it."""
+    names = [MANIFEST, *DATA_FILES]
+    try:
+        shards = sorted(name for name in os.listdir(resolved) if name.startswith(SHARD_PREFIX))
+    except OSError:
+        shards = []
+    for shard in shards:
+        names.extend(os.path.join(shard, name) for name in (MANIFEST, *DATA_FILES))
+    return names
+
+
 def store_identity(path: str | os.PathLike) -> StoreIdentity:
     """The identity of the store at ``path``; CorruptDatastoreError when it has no manifest."""
     resolved = os.path.realpath(path)
     stats = []
-    for name in (MANIFEST, *DATA_FILES):
+    for name in _identity_names(resolved):
         try:
             st = os.stat(os.path.join(resolved, name))
         except OSError as error:
@@ -62,7 +78,7 @@ def store_identity(path: str | os.PathLike) -> StoreIdentity:
                 raise CorruptDatastoreError(f"datastore not found or has no manifest: {path}") from error
             stats.append(None)  # open_datastore names the missing file
             continue
-        stats.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        stats.append((name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     return StoreIdentity(resolved, tuple(stats))
 
 
@@ -99,7 +115,7 @@ class StoreCache:
         self._stores: dict[str, tuple[StoreIdentity, Datastore]] = {}
         self._lock = threading.Lock()
 
-    def open(self, path: str | os.PathLike) -> Datastore:
+    def open(self, path: str | os.PathLike) -> "Datastore | ShardedDatastore":
         """The store at ``path``, opened and verified on first use or after a rebuild.
 
         Raises what ``open_datastore`` raises (CorruptDatastoreError, ...); a
