@@ -6,5 +6,6 @@
 - ``report``: metrics, tables and chart; ``python -m tools.bench.report RESULT.json`` re-renders one.
 - ``fresh`` and ``first_call``: first calls in new processes.
 - ``batch``: batches of 1..16 rows (``python -m tools.bench.batch``).
+- ``store_scale``: drafting time, build throughput and memory against store size and shard count.
 - ``versions``: two checkouts' harnesses interleaved (``python -m tools.bench.versions``).
 """

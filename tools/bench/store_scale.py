@@ -10,7 +10,7 @@ here and timed on the same contexts: one step = the store's n-gram and suffix dr
 8 tokens after a 64-token context taken from the store's own stream. Drafts of every shard count are
 compared with the one-shard store's of the same size.
 
-Usage: python -m tools.store_scale [--sizes 10M,20M,40M,full] [--shards 1,4,16] [--contexts 1000]
+Usage: python -m tools.bench.store_scale [--sizes 10M,20M,40M,full] [--shards 1,4,16] [--contexts 1000]
 Writes bench/results/DATE-cpu2-store-scale.json and .png (atomic), prints a markdown table.
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from retrieval_draft.atomic import atomic_write_bytes
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "store_scale"
 RESULTS = REPO / "bench" / "results"
 PASSES = (("*.py",), ("*.pyi", "*.h", "*.c", "*.hpp", "*.cpp"))  # tokenised in this order, concatenated
@@ -43,7 +43,7 @@ BUILD_CHILD = """
 import json, resource, sys, time
 from pathlib import Path
 import numpy as np
-from tools.store_scale import doc_chunks
+from tools.bench.store_scale import doc_chunks
 from retrieval_draft_datastore.index import IndexParams
 from retrieval_draft_datastore.shard_build import build_sharded_from_chunks
 stream, size, shard_tokens, out, fingerprint, vocab, table_min = sys.argv[1:8]
@@ -63,7 +63,7 @@ def corpus_stream() -> Path:
         return target
     from retrieval_draft.store.layout import separator_id, token_dtype
     from retrieval_draft.store.tokenizer import tokenizer_vocab_size
-    from retrieval_draft.target.models import load_tokenizer
+    from retrieval_draft.model.models import load_tokenizer
     from retrieval_draft_datastore.encode import encode_chunks
     from retrieval_draft_datastore.sources import SourceOptions, iter_documents
     from tools.datastore_numbers import stdlib_sources
@@ -168,7 +168,7 @@ def measure(stream: Path, sizes: list[int], shard_counts: list[int], contexts: i
             table_min: int) -> list[dict]:
     """One row per (size, shard count): build numbers, drafting numbers, drafts identical to 1 shard."""
     from retrieval_draft.store.tokenizer import tokenizer_fingerprint, tokenizer_vocab_size
-    from retrieval_draft.target.models import load_tokenizer
+    from retrieval_draft.model.models import load_tokenizer
 
     tokenizer = load_tokenizer()
     header = {"fingerprint": tokenizer_fingerprint(tokenizer), "vocab_size": tokenizer_vocab_size(tokenizer)}
