@@ -44,7 +44,9 @@ def test_every_system_is_hf_readme_or_a_labelled_diagnostic():
         if system.kind == "readme":
             assert system.drafters is None and "(README call)" in system.label
         elif system.kind == "diagnostic":
-            assert system.drafters is not None and system.label.startswith("diagnostic:")
+            assert (system.drafters or system.plugin_kwargs) and system.label.startswith("diagnostic:")
+        elif system.kind == "peer":
+            assert system.drafters is not None and system.label.startswith("peer:")
         else:
             assert system.kind == "hf" and system.label.startswith("HF")
     kwargs = generate_kwargs(SYSTEMS["hf"], setup_for(None, random_prompt(0)))
@@ -140,3 +142,9 @@ def test_text_workloads_build_chat_prompts_and_multiturn_encodes_every_turn():
     session = argparse.Namespace(tokenizer=Template())
     ids = bench.encode(session, turn)
     assert ids.tolist() == [[len(turn.turns[0][1]), len(turn.turns[1][1]), len(turn.text)]]
+
+
+def test_the_budget0_system_is_the_readme_call_with_no_tree():
+    kwargs = generate_kwargs(SYSTEMS["budget0"], setup_for(None, random_prompt(0)))
+    assert kwargs["tree_budget"] == 0 and kwargs["custom_generate"] is retrieval_draft.generate
+    assert "drafters" not in kwargs and "datastore" not in kwargs

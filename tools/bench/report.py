@@ -9,9 +9,12 @@ Definitions (the same for every system):
   wall time over the system's, prefill included (what a long prompt's user waits);
 - per workload: mean tokens/s over prompts, geometric mean of the speedups (and of the
   wall speed-ups),
-  accepted tokens per step = all emitted tokens / all tree steps, drafting
-  share = all drafting time / all decode time (our statistics), identical
-  rate = share of runs whose output tensor equals HF greedy's;
+  drafting share = geometric mean over prompts of the system's decode tokens/s over ours with
+  ``tree_budget=0`` (system ``budget0``: our forward, no drafts; what a GPU user gains, where
+  our CPU matmul's lead over MKL does not count), accepted tokens per step = all emitted
+  tokens / all tree steps, nodes per step likewise, time drafting = all drafting time / all
+  decode time (our statistics), identical rate = share of runs whose output tensor equals
+  HF greedy's;
 - fresh process (``bench_fresh``): per workload, one prompt as the first
   ``generate`` call of a new process, ours (the README line) and plain HF
   greedy each in their own; first-call ratio = plain call wall / ours call
@@ -102,6 +105,7 @@ def per_prompt(runs: list[dict], baseline: str = "hf") -> list[dict]:
     for (workload, prompt_id, system), group in groups.items():
         base = medians.get((workload, prompt_id, baseline))
         base_wall = walls.get((workload, prompt_id, baseline))
+        zero = medians.get((workload, prompt_id, SHARE_BASE)) if group[0]["stats"] is not None else None
         rows.append(
             {
                 "workload": workload,
@@ -110,6 +114,7 @@ def per_prompt(runs: list[dict], baseline: str = "hf") -> list[dict]:
                 "tokens_per_s": round(medians[(workload, prompt_id, system)], 3),
                 "speedup": round(medians[(workload, prompt_id, system)] / base, 4) if base else None,
                 "wall_speedup": round(base_wall / walls[(workload, prompt_id, system)], 4) if base_wall else None,
+                "share": round(medians[(workload, prompt_id, system)] / zero, 4) if zero else None,
                 "new_tokens": group[0]["new_tokens"],
                 "repeats": len(group),
             }
@@ -130,6 +135,9 @@ def summarize(runs: list[dict], prompt_rows: list[dict]) -> dict:
     return dict(out)
 
 
+SHARE_BASE = "budget0"  # the drafting share: a system's decode speed over ours with tree_budget=0
+
+
 def derive(result: dict) -> None:
     """Set ``result``'s per-prompt rows and summary from its runs (unavailable systems say why)."""
     result["per_prompt"] = per_prompt(result["runs"])
@@ -146,6 +154,8 @@ def _summary(runs: list[dict], rows: list[dict]) -> dict:
     identical = [r["identical"] for r in runs if r["identical"] is not None]
     speedups = [r["speedup"] for r in rows if r["speedup"]]
     wall_speedups = [r["wall_speedup"] for r in rows if r["wall_speedup"]]
+    shares = [r["share"] for r in rows if r.get("share")]
+    nodes = sum(s["tree_nodes"] for s in stats if "tree_nodes" in s)
     return {
         "prompts": len(rows),
         "runs": len(runs),
@@ -153,6 +163,8 @@ def _summary(runs: list[dict], rows: list[dict]) -> dict:
         "speedup_geomean": round(geomean(speedups), 4) if speedups else None,
         "wall_speedup_geomean": round(geomean(wall_speedups), 4) if wall_speedups else None,
         "mean_accepted": round(sum(s["step_tokens"] for s in stats) / steps, 3) if steps else None,
+        "share_geomean": round(geomean(shares), 4) if shares else None,
+        "nodes_per_step": round(nodes / steps, 3) if steps and nodes else None,
         "draft_share": round(sum(s["draft_s"] for s in stats) / decode, 4) if decode else None,
         "identical_rate": round(sum(identical) / len(identical), 4) if identical else None,
     }
@@ -190,23 +202,24 @@ def _pct(value) -> str:
 def summary_table(result: dict) -> str:
     """The per-workload markdown table; unavailable systems say why."""
     lines = [
-        "| workload | system | decode tok/s | speedup vs HF (geomean) | wall speed-up, prefill included | accepted/step "
-        "| drafting share | identical |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| workload | system | decode tok/s | speedup vs HF (geomean) | drafting share (over tree_budget=0) "
+        "| wall speed-up, prefill included | accepted/step | nodes/step | time drafting | identical |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     labels = result["labels"]
     for workload, systems in result["summary"].items():
         for system in result["config"]["systems"]:
             reason = result["unavailable"].get(system)
             if reason:
-                lines.append(f"| {workload} | {labels[system]} | {reason} | {reason} | | | | |")
+                lines.append(f"| {workload} | {labels[system]} | {reason} | {reason} | | | | | | |")
                 continue
             s = systems[system]
             rate = "n/a" if s["identical_rate"] is None else f"{100 * s['identical_rate']:.0f}%"
             lines.append(
                 f"| {workload} | {labels[system]} | {_fmt(s['tokens_per_s'], '.1f')} | "
-                f"{_fmt(s['speedup_geomean'], '.2f')}x | {_fmt(s['wall_speedup_geomean'], '.2f')}x | "
-                f"{_fmt(s['mean_accepted'], '.2f', '')} | "
+                f"{_fmt(s['speedup_geomean'], '.2f')}x | {_fmt(s.get('share_geomean'), '.2f', '')}"
+                f"{'x' if s.get('share_geomean') else ''} | {_fmt(s['wall_speedup_geomean'], '.2f')}x | "
+                f"{_fmt(s['mean_accepted'], '.2f', '')} | {_fmt(s.get('nodes_per_step'), '.1f', '')} | "
                 f"{_pct(s['draft_share'])} | {rate} |"
             )
     return "\n".join(lines)

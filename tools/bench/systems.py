@@ -16,7 +16,11 @@ Three kinds:
   measures or loads its cost curve itself, inside the timed calls.
 - ``diagnostic``: explicit ``drafters=[...]`` that no README line passes,
   to explain the numbers (prompt lookup alone, the defaults without logits
-  recycling, a warm history, the oracle).
+  recycling, a warm history, the oracle), and the README call with
+  ``tree_budget=0`` (our forward, no drafts: the base of the drafting share).
+- ``peer``: another project's drafter running in our engine through the README
+  call's ``drafters=`` (SuffixDecoding, ``tools.bench.peers``), so drafting
+  quality is compared on the same verifier, planner and model.
 
 Every system gets the same prompt ids, ``max_new_tokens`` and decoding mode
 (greedy, or sampling at one temperature after ``torch.manual_seed(seed)``);
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -42,9 +47,10 @@ from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.registry import DraftSources, make_drafters
 from retrieval_draft.hf import output_history
+from tools.bench import peers
 
 HF_PROMPT_LOOKUP_TOKENS = 10
-KINDS = ("hf", "readme", "diagnostic")
+KINDS = ("hf", "readme", "diagnostic", "peer")
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,8 @@ class System:
     ``kind`` is one of ``KINDS``; ``drafters`` builds the explicit drafter list
     of a diagnostic (None for the others); ``hf_kwargs`` go to HF's generate;
     ``readme_datastore`` adds ``datastore=PATH, draft_tokenizer=tokenizer``, PATH
-    being the second store when ``second_store``.
+    being the second store when ``second_store``; ``plugin_kwargs`` adds our options
+    (``tree_budget=0``).
     """
 
     name: str
@@ -116,6 +123,7 @@ class System:
     hf_kwargs: dict | None = None
     drafters: Callable[[RunSetup], list[Drafter]] | None = None
     readme_datastore: bool = False
+    plugin_kwargs: dict | None = None
     second_store: bool = False
     needs_reference: bool = False
     needs_history: bool = False
@@ -140,6 +148,18 @@ def _history(setup: RunSetup) -> list[Drafter]:
     return make_drafters(["prompt", "history"], DraftSources(history=history))
 
 
+# One SuffixDecoding cache per model handle (system, workload, repeat), as our output history is
+# kept per handle: its global tree of earlier outputs serves that workload's later prompts.
+_SUFFIX_CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _suffix_decoding(setup: RunSetup) -> list[Drafter]:
+    """SuffixDecoding alone, as vLLM's ``suffix`` method drafts (``tools.bench.peers``)."""
+    if setup.model not in _SUFFIX_CACHES:
+        _SUFFIX_CACHES[setup.model] = peers.SuffixDecodingDrafter(peers.suffix_cache_class())
+    return [_SUFFIX_CACHES[setup.model]]
+
+
 def _oracle(setup: RunSetup) -> list[Drafter]:
     """The clairvoyant ceiling: a diagnostic outside the drafter registry."""
     return [OracleDrafter(setup.reference)]
@@ -153,6 +173,9 @@ SYSTEMS: dict[str, System] = {
                hf_kwargs={"prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS}),
         System("defaults", "ours: defaults (README call)", "readme"),
         System("datastore", "ours: datastore= (README call)", "readme", readme_datastore=True),
+        System("budget0", "diagnostic: tree_budget=0 (our forward, no drafts)", "diagnostic",
+               plugin_kwargs={"tree_budget": 0}),
+        System("suffix", "peer: SuffixDecoding in our engine", "peer", drafters=_suffix_decoding),
         System("datastore_b", "ours: datastore= second store (README call)", "readme", readme_datastore=True,
                second_store=True),
         System("prompt", "diagnostic: drafters=[prompt lookup]", "diagnostic", drafters=_prompt),
@@ -177,7 +200,7 @@ def generate_kwargs(system: System, setup: RunSetup, stats: DecodeStats | None =
     if system.kind == "hf":
         kwargs.setdefault("do_sample", False)
         return {**kwargs, **system.hf_kwargs}
-    kwargs.update(setup.plugin_kwargs, custom_generate=retrieval_draft.generate)
+    kwargs.update({**setup.plugin_kwargs, **(system.plugin_kwargs or {})}, custom_generate=retrieval_draft.generate)
     if system.readme_datastore:
         path = setup.datastore_b if system.second_store else setup.datastore
         kwargs.update(datastore=path, draft_tokenizer=setup.tokenizer)
@@ -241,6 +264,8 @@ def prefill_seconds(model: torch.nn.Module, input_ids: torch.Tensor, tries: int 
 def unavailable_reason(system: System, has_datastore: bool, sampling: bool, has_history: bool = False,
                        has_datastore_b: bool = False) -> str | None:
     """Why ``system`` cannot run in this configuration, or None when it can."""
+    if system.kind == "peer":
+        return peers.unavailable()
     if system.second_store and not has_datastore_b:
         return "no second datastore (--datastore-b)"
     if system.needs_datastore and not has_datastore:
