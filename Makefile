@@ -11,7 +11,8 @@ DEMO_STORE := .cache/stdlib-datastore
 
 setup: $(STAMP)
 
-# The test extra includes ray[data] for tests/test_datastore_ray.py (~20 s, ~240 MB installed).
+# The test extra includes ray[data] for tests/test_datastore_ray.py (~20 s, ~240 MB installed) and
+# pytest-xdist: `make test` runs the suite on one worker per core (9 min against 19.5 on 2 busy cores).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
@@ -26,7 +27,7 @@ demo: $(STAMP)
 	$(BIN)/python -m tools.demo --store $(DEMO_STORE)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 # The Hub route's folder (hub/retrieval-draft) against the installed transformers, on a tiny random model.
 hub-check: $(STAMP)
