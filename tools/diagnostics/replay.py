@@ -183,7 +183,7 @@ class CeilingDrafter(Drafter):
             drafter.end(output)
 
 
-class _UnobservedCost(ObservedCost):
+class UnobservedCost(ObservedCost):
     """Ignores observed forward times: the stand-in's take none, the cost curve models them."""
 
     def observe(self, cost: VerifyCost, size: int, seconds: float, cache_len: int = 0, rows: int = 1) -> None:
@@ -233,7 +233,7 @@ def replay(
     if ceiling:
         drafters, planner = [CeilingDrafter(drafters, reference)], TreePlanner(tree_budget)
     else:
-        planner = TreePlanner(tree_budget, cost, observed=_UnobservedCost())
+        planner = TreePlanner(tree_budget, cost, observed=UnobservedCost())
     options = DecodeOptions(max_new_tokens=int(out.shape[0]), max_draft_len=max_draft_len)
     (output,), stats = speculative_decode(model, torch.from_numpy(prompt)[None], [drafters], options, planner=planner)
     decode_s = float(sum(cost.seconds[size] for size in model.sizes)) + STEP_OVERHEAD_S * len(model.sizes)

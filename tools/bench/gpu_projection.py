@@ -1,0 +1,160 @@
+"""What our drafts would give on a GPU, projected from parts measured on this CPU.
+
+    python -m tools.bench.gpu_projection [--model smollm2-135m] [--workloads code_raw,grounded,chat]
+        [--prompts 4] [--max-new-tokens 96] [--forward-ms 8,25] [--json PATH] [--markdown PATH]
+
+A GPU runs one forward over a small batch's tree in about the same time for 1 or 64 nodes. So
+each system here runs the README call with ``draft_planner=`` a planner whose cost curve is flat
+up to 64 nodes (and never corrected by this CPU's forward times): the tree sizes a GPU's planner
+would choose. Measured per workload: accepted tokens per step (MAT), nodes per step, and our host
+ms per step outside the forward (``DecodeStats.host_s``), and beside them plain HF greedy's host
+ms per token on the same prompts (wall minus the time inside the forward). The projection:
+
+    speed-up over HF = MAT x (T + HF host) / (T + our host)
+
+for each forward time T. Assumptions: the forward costs T whatever the tree size up to 64 nodes;
+host work costs on the GPU machine what it costs here; the projected host time is taken both as
+measured and without the readout phase, which on a GPU runs on the device (argmax and the
+recycling table's top-k over every node) with one host read (so the truth lies between, nearer
+the second). Systems: ``ours`` (the default drafters) and ``suffix`` (SuffixDecoding as a drafter
+in our engine, ``tools.bench.peers``), each on its own model handle and planner per workload, so
+each learns from that workload's earlier prompts only. Outputs are checked against HF's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import retrieval_draft
+from retrieval_draft.atomic import atomic_write_bytes
+from retrieval_draft.decode.stats import DecodeStats
+from retrieval_draft.planning.cost import VerifyCost
+from retrieval_draft.planning.planner import TreePlanner
+from tools.bench import peers
+from tools.bench.run import encode
+from tools.bench.workloads import WORKLOADS, build_workloads
+from tools.diagnostics.replay import UnobservedCost
+from tools.diagnostics.step_profile import plain_host_ms
+
+FLAT_NODES = 64
+
+
+def flat_planner(forward_s: float) -> TreePlanner:
+    """A planner that believes every tree up to ``FLAT_NODES`` nodes costs one ``forward_s`` forward."""
+    return TreePlanner(tree_budget=FLAT_NODES, cost=VerifyCost(np.full(FLAT_NODES + 1, forward_s)),
+                       observed=UnobservedCost())
+
+
+def run_system(model, prompts: list[torch.Tensor], max_new_tokens: int, drafters, forward_s: float) -> dict:
+    """The README call with a flat-cost planner over ``prompts`` on one handle; totals and outputs."""
+    planner = flat_planner(forward_s)
+    total, outputs = DecodeStats(), []
+    for ids in prompts:
+        stats = DecodeStats()
+        extra = {"drafters": drafters} if drafters is not None else {}
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                             custom_generate=retrieval_draft.generate, draft_planner=planner, draft_stats=stats, **extra)
+        outputs.append(out)
+        for name in ("forwards", "steps", "step_tokens", "tree_nodes", "readout_s", "draft_s", "plan_s", "pack_s",
+                     "forward_s", "accept_s", "device_forward_s"):
+            setattr(total, name, getattr(total, name) + getattr(stats, name))
+    steps = max(total.forwards, 1)
+    return {"mat": round(total.step_tokens / steps, 3), "nodes_per_step": round(total.tree_nodes / steps, 2),
+            "host_ms": round(1000 * total.host_s / steps, 3),
+            "host_without_readout_ms": round(1000 * (total.host_s - total.readout_s) / steps, 3),
+            "outputs": outputs}
+
+
+def project(row: dict, hf_host_ms: float, forward_ms: list[float]) -> dict:
+    """Projected speed-ups over HF for each forward time, host as measured and without the readout."""
+    out = {}
+    for t in forward_ms:
+        out[f"T={t:g}ms"] = round(row["mat"] * (t + hf_host_ms) / (t + row["host_ms"]), 3)
+        out[f"T={t:g}ms, readout on the device"] = round(
+            row["mat"] * (t + hf_host_ms) / (t + row["host_without_readout_ms"]), 3)
+    return out
+
+
+def measure(session, workloads: dict, max_new_tokens: int, forward_ms: list[float]) -> dict:
+    """Per workload: HF's host ms per token, and per system its figures and projections."""
+    table = {}
+    suffix_class = peers.suffix_cache_class()
+    for name, group in workloads.items():
+        prompts = [encode(session, p) for p in group]
+        started = time.perf_counter()
+        hf_host, _ = plain_host_ms(session.model, prompts, max_new_tokens)
+        plain = [session.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                        do_sample=False) for ids in prompts]
+        rows = {}
+        for system, drafters in (("ours", None), ("suffix", [peers.SuffixDecodingDrafter(suffix_class)])):
+            handle = copy.copy(session.model)  # its own plugin memory (history, rates), as tools.bench keeps it
+            row = run_system(handle, prompts, max_new_tokens, drafters, forward_ms[0] / 1000)
+            row["identical"] = all(torch.equal(a, b) for a, b in zip(row.pop("outputs"), plain))
+            row.update(project(row, hf_host, forward_ms))
+            rows[system] = row
+        rows["ours_over_suffix"] = {key: round(rows["ours"][key] / rows["suffix"][key], 3)
+                                    for key in rows["ours"] if key.startswith("T=")}
+        table[name] = {"hf_host_ms": hf_host, "systems": rows, "seconds": round(time.perf_counter() - started, 1)}
+        print(f"[gpu_projection] {name}: {json.dumps(rows)}", flush=True)
+    return table
+
+
+def markdown(table: dict, forward_ms: list[float]) -> str:
+    """One row per workload and system."""
+    keys = [f"T={t:g}ms" for t in forward_ms] + [f"T={t:g}ms, readout on the device" for t in forward_ms]
+    lines = ["| workload | system | MAT | nodes/step | host ms/step | host w/o readout | HF host ms/token | "
+             + " | ".join(keys) + " | identical |", "|---|---|" + "---:|" * (5 + len(keys)) + "---|"]
+    for name, entry in table.items():
+        for system in ("ours", "suffix"):
+            r = entry["systems"][system]
+            lines.append(f"| {name} | {system} | {r['mat']:.2f} | {r['nodes_per_step']:.1f} | {r['host_ms']:.2f} | "
+                         f"{r['host_without_readout_ms']:.2f} | {entry['hf_host_ms']:.2f} | "
+                         + " | ".join(f"{r[k]:.2f}x" for k in keys) + f" | {'yes' if r['identical'] else 'NO'} |")
+        ratio = entry["systems"]["ours_over_suffix"]
+        lines.append(f"| {name} | ours / suffix | | | | | | " + " | ".join(f"{ratio[k]:.2f}x" for k in keys) + " | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None, help="local model or a name of the benchmark's (default SmolLM2-135M)")
+    p.add_argument("--workloads", default="code_raw,grounded,chat")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--forward-ms", default="8,25", help="forward times T to project for, ms (the first sizes the planner)")
+    p.add_argument("--json")
+    p.add_argument("--markdown")
+    args = p.parse_args(argv)
+    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if not names or any(w not in WORKLOADS for w in names):
+        p.error(f"--workloads takes a comma list of {', '.join(WORKLOADS)}")
+    forward_ms = [float(t) for t in args.forward_ms.split(",")]
+    reason = peers.unavailable()
+    if reason:
+        p.error(f"SuffixDecoding is unavailable: {reason}")
+    from retrieval_draft.session import load_session
+
+    torch.set_num_threads(2)
+    session = load_session(args.model)
+    workloads = build_workloads(names, args.prompts, seed=0, tokenizer=session.tokenizer)
+    table = measure(session, workloads, args.max_new_tokens, forward_ms)
+    report = markdown(table, forward_ms)
+    print(report)
+    command = " ".join(["python -m tools.bench.gpu_projection", *(argv if argv is not None else sys.argv[1:])])
+    if args.json:
+        atomic_write_bytes(Path(args.json), (json.dumps({"command": command, "table": table}, indent=1) + "\n").encode())
+    if args.markdown:
+        atomic_write_bytes(Path(args.markdown), f"`{command}`\n\n{report}\n".encode())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
