@@ -10,7 +10,7 @@ from tools.bench.gpu_projection import FLAT_NODES, flat_planner, project
 
 def test_a_flat_curve_takes_every_candidate_up_to_64_nodes_and_ignores_cpu_times():
     planner = flat_planner(0.008)
-    ranked = [np.linspace(0.9, 0.01, 100)]
+    ranked = [np.linspace(0.9, 0.01, FLAT_NODES)]  # plan() passes at most tree_budget candidates per row
     assert planner.width(ranked) == FLAT_NODES
     for _ in range(20):
         planner.observe_forward(1, 65, 1.0)  # this CPU's slow big forwards must not reshape the GPU curve
