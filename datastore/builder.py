@@ -19,7 +19,7 @@ from retrieval_draft.store.store_cache import record_verified, store_identity
 from retrieval_draft.errors import InvalidInputError, TokenizerMismatchError
 from retrieval_draft.store.layout import FORMAT_VERSION, separator_id, token_dtype
 from retrieval_draft.store.manifest import write_manifest
-from retrieval_draft.store.reader import open_datastore
+from retrieval_draft.store.opening import open_datastore
 from retrieval_draft.store.sharded import ShardedDatastore
 from retrieval_draft.store.suffix_trie import key_width
 from retrieval_draft.store.tokenizer import tokenizer_fingerprint, tokenizer_vocab_size

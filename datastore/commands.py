@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from retrieval_draft.errors import InvalidInputError
-from retrieval_draft.store.reader import open_datastore
+from retrieval_draft.store.opening import open_datastore
 from retrieval_draft.store.sharded import ShardedDatastore
 from retrieval_draft_datastore.index import IndexParams
 from retrieval_draft_datastore.sources import SourceOptions

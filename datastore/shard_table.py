@@ -27,7 +27,7 @@ from numba import njit
 
 from retrieval_draft.store.packed import position_at
 from retrieval_draft.store.rare_filter import context_hash
-from retrieval_draft.store.reader import open_datastore
+from retrieval_draft.store.opening import open_datastore
 from retrieval_draft_datastore.index import IndexParams
 from retrieval_draft_datastore.kernels_count import capped_lcp, count_ngrams, valid_lengths
 from retrieval_draft_datastore.kernels_merge import merge_runs

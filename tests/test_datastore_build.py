@@ -14,7 +14,7 @@ import pytest
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.store.layout import DATA_FILES, FORMAT_VERSION, MANIFEST
 from retrieval_draft.store.manifest import file_sha256
-from retrieval_draft.store.reader import open_datastore
+from retrieval_draft.store.opening import open_datastore
 from retrieval_draft.store.tokenizer import tokenizer_fingerprint
 from retrieval_draft_datastore.builder import build, merge
 from retrieval_draft_datastore.index import IndexParams

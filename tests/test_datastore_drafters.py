@@ -13,7 +13,7 @@ from retrieval_draft.drafters.datastore import datastore_drafters
 from retrieval_draft.drafters.ngram import NgramDrafter
 from retrieval_draft.drafters.suffix import SuffixDrafter
 from retrieval_draft.errors import InvalidInputError
-from retrieval_draft.store.reader import open_datastore
+from retrieval_draft.store.opening import open_datastore
 from retrieval_draft_datastore.builder import build
 from tests.datastore_fixtures import word_tokenizer
 

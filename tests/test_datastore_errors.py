@@ -22,7 +22,7 @@ from retrieval_draft.errors import (
 from retrieval_draft.store.arrow_io import write_table
 from retrieval_draft.store.layout import MANIFEST, NGRAM, TOKENS, TRIE
 from retrieval_draft.store.manifest import read_manifest, write_manifest
-from retrieval_draft.store.reader import open_datastore
+from retrieval_draft.store.opening import open_datastore
 from retrieval_draft_datastore.builder import build
 from tests.datastore_fixtures import word_tokenizer
 
@@ -66,7 +66,7 @@ def test_flipped_byte_in_arrow_file_fails_its_checksum(store_copy):
 def test_flipped_bytes_in_trie_are_caught_before_loading_without_crashing(store_copy):
     for offset in (10, 100, 200, 400):
         _flip(store_copy / TRIE, offset)
-    code = f"from retrieval_draft.store.reader import open_datastore\nopen_datastore({str(store_copy)!r})"
+    code = f"from retrieval_draft.store.opening import open_datastore\nopen_datastore({str(store_copy)!r})"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parents[1])
     assert result.returncode == 1  # a Python exception, not a signal

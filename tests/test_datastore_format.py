@@ -16,7 +16,7 @@ from retrieval_draft.drafters.suffix import SuffixDrafter
 from retrieval_draft.store.arrow_io import write_table
 from retrieval_draft.store.layout import MANIFEST, NGRAM, SUFFIX_ARRAY, SUFFIX_RANGES, TRIE
 from retrieval_draft.store.manifest import write_manifest
-from retrieval_draft.store.reader import open_datastore
+from retrieval_draft.store.opening import open_datastore
 from retrieval_draft.store.suffix_trie import build_trie, encode_rows
 from retrieval_draft_datastore.builder import build
 from retrieval_draft_datastore.index import IndexParams

@@ -14,7 +14,8 @@ ray = pytest.importorskip("ray")
 
 from retrieval_draft.errors import InvalidInputError  # noqa: E402
 from retrieval_draft.store.layout import DATA_FILES, MANIFEST  # noqa: E402
-from retrieval_draft.store.reader import open_datastore  # noqa: E402
+from retrieval_draft.store.opening import open_datastore  # noqa: E402
+from retrieval_draft.store.opening import open_datastore
 from retrieval_draft_datastore.builder import build  # noqa: E402
 from retrieval_draft_datastore.index import IndexParams  # noqa: E402
 from retrieval_draft_datastore.ray_build import build_ray  # noqa: E402

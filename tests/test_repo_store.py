@@ -14,7 +14,7 @@ import retrieval_draft_datastore.repo_store as repo_store
 from retrieval_draft.drafters.suffix import SuffixDrafter
 from retrieval_draft.errors import CorruptDatastoreError, InvalidInputError, TokenizerMismatchError
 from retrieval_draft.store.layout import DATA_FILES, MANIFEST
-from retrieval_draft.store.reader import open_datastore
+from retrieval_draft.store.opening import open_datastore
 from retrieval_draft_datastore.builder import build
 from retrieval_draft_datastore.repo_cache import REPO_INDEX
 from retrieval_draft_datastore.repo_store import update_repo_store

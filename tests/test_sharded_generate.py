@@ -10,7 +10,7 @@ import retrieval_draft
 from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.memory import PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
-from retrieval_draft.store.reader import open_datastore
+from retrieval_draft.store.opening import open_datastore
 from retrieval_draft_datastore.shard_build import build_sharded
 from tests.conftest import make_tiny_llama
 from tests.datastore_fixtures import word_tokenizer

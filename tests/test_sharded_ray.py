@@ -12,7 +12,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from retrieval_draft.store.layout import DATA_FILES, MANIFEST, NGRAM  # noqa: E402
-from retrieval_draft.store.reader import open_datastore  # noqa: E402
+from retrieval_draft.store.opening import open_datastore  # noqa: E402
+from retrieval_draft.store.opening import open_datastore
 from retrieval_draft_datastore.index import IndexParams  # noqa: E402
 from retrieval_draft_datastore.ray_shards import build_sharded_ray  # noqa: E402
 from retrieval_draft_datastore.shard_build import build_sharded  # noqa: E402

@@ -16,7 +16,8 @@ from retrieval_draft.drafters.ngram import NgramDrafter
 from retrieval_draft.drafters.suffix import SuffixDrafter
 from retrieval_draft.errors import CorruptDatastoreError, InvalidInputError
 from retrieval_draft.store.layout import MANIFEST, NGRAM, SUFFIX_ARRAY, TOKENS
-from retrieval_draft.store.reader import Datastore, open_datastore
+from retrieval_draft.store.reader import Datastore
+from retrieval_draft.store.opening import open_datastore
 from retrieval_draft.store.sharded import ShardedDatastore
 from retrieval_draft.store.store_cache import StoreCache
 from retrieval_draft_datastore.builder import build

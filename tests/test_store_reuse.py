@@ -30,16 +30,16 @@ def store_path(tmp_path):
 
 
 def _count_opens(monkeypatch) -> list:
-    import retrieval_draft.store.reader
+    import retrieval_draft.store.opening
 
     opened = []
-    real = retrieval_draft.store.reader.open_datastore
+    real = retrieval_draft.store.opening.open_datastore
 
     def counting(path, **kwargs):
         opened.append(path)
         return real(path, **kwargs)
 
-    monkeypatch.setattr(retrieval_draft.store.reader, "open_datastore", counting)
+    monkeypatch.setattr(retrieval_draft.store.opening, "open_datastore", counting)
     return opened
 
 
@@ -118,11 +118,11 @@ def test_a_missing_store_is_a_typed_error(tmp_path):
 
 
 def _record_verify_flags(monkeypatch) -> list:
-    import retrieval_draft.store.reader
+    import retrieval_draft.store.opening
 
     opened = []
-    real = retrieval_draft.store.reader.open_datastore
-    monkeypatch.setattr(retrieval_draft.store.reader, "open_datastore",
+    real = retrieval_draft.store.opening.open_datastore
+    monkeypatch.setattr(retrieval_draft.store.opening, "open_datastore",
                         lambda path, **kw: opened.append(kw.get("verify", True)) or real(path, **kw))
     return opened
 

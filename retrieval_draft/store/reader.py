@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import datrie
 import numpy as np
@@ -25,10 +24,6 @@ from retrieval_draft.store.layout import (
 from retrieval_draft.store.manifest import check_sizes, read_manifest, verify_files
 from retrieval_draft.store.packed import max_position, packed_words, position_bits, unpack_positions
 from retrieval_draft.store.suffix_trie import key_width, load_trie
-
-if TYPE_CHECKING:
-    from retrieval_draft.store.sharded import ShardedDatastore
-
 
 @dataclass(frozen=True)
 class NgramTable:
@@ -204,8 +199,9 @@ def _suffix_words(directory: Path, manifest: dict, full: bool) -> tuple[np.ndarr
     return words, bits
 
 
-def open_datastore(path: str | Path, *, verify: bool = True) -> "Datastore | ShardedDatastore":
-    """Open and validate the datastore at ``path`` (a sharded store: ``sharded.open_sharded``).
+def open_flat(path: str | Path, manifest: dict | None = None, *, verify: bool = True) -> Datastore:
+    """Open and validate the one-index store (or shard) at ``path`` (``manifest``: its manifest,
+    read here when None); ``opening.open_datastore`` opens either kind.
 
     ``verify=False`` skips every check that reads whole files (sha256, full
     Arrow validation, id ranges): only for files whose exact bytes were verified
@@ -214,11 +210,9 @@ def open_datastore(path: str | Path, *, verify: bool = True) -> "Datastore | Sha
     Raises CorruptDatastoreError, UnknownFormatVersionError, TokenIdOutOfRangeError.
     """
     directory = Path(path)
-    manifest = read_manifest(directory)
+    manifest = read_manifest(directory) if manifest is None else manifest
     if manifest["format_version"] == SHARDED_VERSION:
-        from retrieval_draft.store.sharded import open_sharded
-
-        return open_sharded(directory, manifest, verify=verify)
+        raise CorruptDatastoreError(f"{directory} is a store of shards where one index was expected")
     dtype = _check_storage(manifest)
     if verify:
         verify_files(directory, manifest)

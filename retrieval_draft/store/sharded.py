@@ -4,7 +4,7 @@ The top-level manifest lists the shards (directory, tokens, documents, sha256
 of the shard's manifest) and the store's n-gram table (``ngram.arrow``, the
 whole corpus's table) and rare-context filter (``rare_contexts.arrow``):
 ``layout`` describes the directory. Opening checks the
-top manifest, its table, then every shard with ``reader.open_datastore``: each
+top manifest, its table, then every shard with ``reader.open_flat``: each
 shard's own manifest must have the digest the top manifest records (so a shard
 swapped for another store is caught), the same tokenizer, storage and params.
 Any failure raises one typed line naming the shard (``shard-00003: ...``) and
@@ -25,7 +25,7 @@ from retrieval_draft.store.arrow_io import read_table
 from retrieval_draft.store.layout import NGRAM, RARE_FILTER, SHARD_TABLE_MIN, SHARDED_FILES, separator_id, token_dtype
 from retrieval_draft.store.rare_filter import BLOCK_WORDS
 from retrieval_draft.store.manifest import check_sizes, manifest_digest, verify_files
-from retrieval_draft.store.reader import Datastore, NgramTable, check_ids, ngram_table, open_datastore
+from retrieval_draft.store.reader import Datastore, NgramTable, check_ids, ngram_table, open_flat
 from retrieval_draft.store.suffix_trie import key_width
 
 
@@ -102,7 +102,7 @@ def _open_shard(directory: Path, record: dict, top: dict, verify: bool) -> Datas
     try:
         if manifest_digest(directory / name) != record["manifest_sha256"]:
             raise CorruptDatastoreError("manifest.json differs from the one the store lists")
-        shard = open_datastore(directory / name, verify=verify)
+        shard = open_flat(directory / name, verify=verify)
     except OSError as exc:
         raise CorruptDatastoreError(f"shard {name}: missing or unreadable ({exc.strerror})") from exc
     except DatastoreError as exc:
@@ -132,7 +132,7 @@ def _rare_filters(directory: Path, manifest: dict, shards: int, verify: bool) ->
 
 def open_sharded(directory: Path, manifest: dict, *, verify: bool = True) -> ShardedDatastore:
     """Open the sharded store at ``directory`` whose manifest (already read and self-checked) is
-    ``manifest``; ``verify`` as ``reader.open_datastore`` takes it, for the table and every shard.
+    ``manifest``; ``verify`` as ``reader.open_flat`` takes it, for the table and every shard.
 
     Raises CorruptDatastoreError, UnknownFormatVersionError, TokenIdOutOfRangeError (one line,
     naming the shard when a shard is at fault).

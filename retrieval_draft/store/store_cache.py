@@ -121,7 +121,7 @@ class StoreCache:
         Raises what ``open_datastore`` raises (CorruptDatastoreError, ...); a
         failed open caches nothing.
         """
-        from retrieval_draft.store.reader import open_datastore
+        from retrieval_draft.store.opening import open_datastore
 
         identity = store_identity(path)
         with self._lock:

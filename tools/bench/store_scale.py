@@ -131,7 +131,7 @@ def time_drafting(paths: list[Path], contexts: list[np.ndarray]) -> list[tuple[d
     machine falls on all of them alike."""
     from retrieval_draft.drafters.ngram import NgramDrafter
     from retrieval_draft.drafters.suffix import SuffixDrafter
-    from retrieval_draft.store.reader import open_datastore
+    from retrieval_draft.store.opening import open_datastore
 
     opened, open_s = [], []
     for path in paths:
@@ -203,7 +203,7 @@ def measure(stream: Path, sizes: list[int], shard_counts: list[int], contexts: i
 def store_shape(path: Path) -> dict:
     """What the projection needs from the largest one-shard store: the biggest first-token bucket's
     share of the rows (the table pass never splits a bucket) and the table's bytes per token."""
-    from retrieval_draft.store.reader import open_datastore
+    from retrieval_draft.store.opening import open_datastore
 
     store = open_datastore(path, verify=False)
     shard = store.shards[0]

@@ -110,7 +110,7 @@ def measure_store(name: str, path: Path, contexts: list | None = None) -> dict:
     """Open (verified, then trusted) and time the drafters of the store at ``path`` on ``contexts``
     (default: 2,000 sampled from its own stream); the row also keeps every context's drafts."""
     from retrieval_draft.drafters.registry import DraftSources, make_drafters
-    from retrieval_draft.store.reader import open_datastore
+    from retrieval_draft.store.opening import open_datastore
 
     start = time.perf_counter()
     store = open_datastore(path)
@@ -137,7 +137,7 @@ def measure_store(name: str, path: Path, contexts: list | None = None) -> dict:
 def compare_stores(paths: list[Path]) -> list[dict]:
     """Rows for existing stores of one corpus on the same contexts (sampled from the first), each
     with ``drafts_identical_to_first``."""
-    from retrieval_draft.store.reader import open_datastore
+    from retrieval_draft.store.opening import open_datastore
 
     first = open_datastore(paths[0], verify=False)
     contexts = sample_contexts(np.asarray(first.tokens), first.separator, 2000, 64)

@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     refs = json.loads(args.refs.read_text())
     store = None
     if args.datastore:
-        from retrieval_draft.store.reader import open_datastore
+        from retrieval_draft.store.opening import open_datastore
 
         store = open_datastore(args.datastore)
     cost = DEFAULT_CURVE
