@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
-from retrieval_draft.draft import Draft
+from retrieval_draft.draft import Draft, laid_end_to_end
 
 
 @dataclass(frozen=True)
@@ -123,33 +124,58 @@ def build_tree(root_token: int, drafts: list[Draft], budget: int) -> DraftTree:
     return tree.top(budget, tree.probs)
 
 
-def merge_drafts(root_token: int, drafts: "list[Draft] | list[tuple[np.ndarray, np.ndarray]]") -> DraftTree:
-    """Merge drafts (``Draft``s, or (tokens, probs) array pairs of shape (n,)) into one trie
-    under ``root_token``, unpruned.
+def merge_drafts(root_token: int, drafts: list[Draft]) -> DraftTree:
+    """Merge ``drafts`` into one trie under ``root_token``, unpruned.
 
     A node proposed by several drafts gets the largest of their path
     probabilities (drafts sharing a prefix are rarely independent evidence:
     a drafter's own branches share theirs by construction), which keeps every
-    child at or below its parent.
+    child at or below its parent. Nodes are numbered in the order drafts first
+    reach them (one compiled pass over the drafts' tokens, ``_merge``).
     """
-    index: dict[tuple[int, int], int] = {}
-    tokens, parents, depths = [int(root_token)], [-1], [0]
-    best = [1.0]  # largest path probability seen per node
-    for draft in drafts:
-        draft_tokens, draft_probs = (draft.tokens, draft.probs) if isinstance(draft, Draft) else draft
-        node, path_prob = 0, 1.0
-        for token, prob in zip(draft_tokens.tolist(), draft_probs.tolist()):
-            path_prob *= prob
-            child = index.get((node, token))
-            if child is None:
-                child = len(tokens)
-                index[(node, token)] = child
-                tokens.append(token)
-                parents.append(node)
-                depths.append(depths[node] + 1)
-                best.append(0.0)
-            best[child] = max(best[child], path_prob)
+    return merge_flat(root_token, *laid_end_to_end(drafts))
+
+
+def merge_flat(root_token: int, tokens: np.ndarray, probs: np.ndarray, lengths: np.ndarray) -> DraftTree:
+    """``merge_drafts`` of drafts laid end to end: ``tokens`` (m,) ids and ``probs`` (m,)
+    conditional probabilities, draft i being the next ``lengths[i]`` (d,) entries."""
+    if not tokens.size:
+        return DraftTree(np.array([root_token], np.int64), np.array([-1], np.int64), np.zeros(1, np.int64), np.ones(1))
+    return DraftTree(*_merge(int(root_token), tokens.astype(np.int64, copy=False),
+                             probs.astype(np.float64, copy=False), lengths.astype(np.int64, copy=False)))
+
+
+@numba.njit(cache=True, nogil=True)
+def _merge(root: int, tokens: np.ndarray, probs: np.ndarray, lengths: np.ndarray):
+    """The trie of the drafts laid end to end in ``tokens`` / ``probs`` (m,), draft i being the
+    next ``lengths[i]`` entries: its (tokens, parents, depths, best path probability), each (n,)."""
+    size = tokens.shape[0] + 1
+    out_tokens = np.empty(size, np.int64)
+    parents = np.empty(size, np.int64)
+    depths = np.empty(size, np.int64)
+    best = np.zeros(size, np.float64)
+    first_child = np.full(size, -1, np.int64)
+    next_sibling = np.full(size, -1, np.int64)
+    out_tokens[0], parents[0], depths[0], best[0] = root, -1, 0, 1.0
+    n, i = 1, 0
+    for d in range(lengths.shape[0]):
+        node, path = 0, 1.0
+        for _ in range(lengths[d]):
+            token = tokens[i]
+            path *= probs[i]
+            i += 1
+            child, last = first_child[node], -1
+            while child != -1 and out_tokens[child] != token:
+                last, child = child, next_sibling[child]
+            if child == -1:
+                child = n
+                n += 1
+                out_tokens[child], parents[child], depths[child] = token, node, depths[node] + 1
+                if last == -1:
+                    first_child[node] = child
+                else:
+                    next_sibling[last] = child
+            if path > best[child]:
+                best[child] = path
             node = child
-    probs = np.asarray(best, dtype=np.float64)
-    parents_arr, depths_arr = np.asarray(parents, dtype=np.int64), np.asarray(depths, dtype=np.int64)
-    return DraftTree(np.asarray(tokens, dtype=np.int64), parents_arr, depths_arr, probs)
+    return out_tokens[:n].copy(), parents[:n].copy(), depths[:n].copy(), best[:n].copy()

@@ -42,7 +42,7 @@ def test_host_top_k_holds_the_k_largest_values_largest_first_lower_index_on_ties
 
 def test_recycling_records_the_models_top_k_probabilities_on_the_host_path():
     rows = torch.randn(5, 300, generator=torch.Generator().manual_seed(2)) * 3
-    columns = RecyclingDrafter(300, k=4).tree_request(rows).numpy()
+    columns = RecyclingDrafter(300, k=4).tree_request([rows]).numpy()
     probs = torch.softmax(rows, dim=-1)
     top = torch.topk(probs, 4, dim=-1)
     np.testing.assert_array_equal(columns[:, :4], top.indices.numpy())
@@ -65,6 +65,17 @@ def test_recycling_records_no_id_past_the_vocabulary_for_a_row_of_nan():
     rows = torch.randn(3, 300, generator=torch.Generator().manual_seed(3))
     rows[1] = float("nan")
     drafter = RecyclingDrafter(300, k=4)
-    drafter.tree_receive(np.array([5, 6, 7]), drafter.tree_request(rows).numpy())
+    drafter.tree_receive(np.array([5, 6, 7]), drafter.tree_request([rows]).numpy())
     assert drafter.successors.max() < 300 and int(drafter.successors[6, 0]) == -1  # EMPTY
     assert drafter.propose(np.array([6]), 4) == []
+
+
+def test_a_request_over_several_trees_equals_the_request_over_their_rows_joined():
+    rows = torch.randn(7, 300, generator=torch.Generator().manual_seed(4)) * 3
+    drafter = RecyclingDrafter(300, k=4)
+    parts = drafter.tree_request([rows[:2], rows[2:3], rows[3:]]).numpy()
+    np.testing.assert_array_equal(parts, drafter.tree_request([rows]).numpy())
+    ids, values, log_norm = top_k_rows([rows[:4].numpy(), rows[4:].numpy()], 4)
+    joined = top_k_rows(rows.numpy(), 4)
+    for got, expected in zip((ids, values, log_norm), joined):
+        np.testing.assert_array_equal(got, expected)

@@ -99,8 +99,7 @@ def read_verdicts(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
     groups = _observer_groups(jobs)
     widths = []
     for observer, members in groups:
-        logits = [jobs[i].logits for i in members]
-        request = observer.tree_request(logits[0] if len(logits) == 1 else torch.cat(logits))
+        request = observer.tree_request([jobs[i].logits for i in members])
         widths.append(request.shape[1])
         blocks.append(request.reshape(-1))
     host = to_host(blocks[0] if len(blocks) == 1 else torch.cat(blocks))

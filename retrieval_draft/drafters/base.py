@@ -9,7 +9,7 @@ tree (see ``retrieval_draft.tree``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -54,14 +54,15 @@ class Drafter(ABC):
     def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
         """Continuations of ``context`` (shape (n,), int64), each at most ``max_len`` tokens."""
 
-    def tree_request(self, logits: "torch.Tensor") -> "torch.Tensor":
-        """What to record of the tree just verified, computed on the model's device: shape (n, c),
-        int32 (floats as their bit patterns, ``Tensor.view(torch.int32)``), from the raw logits
-        ``logits`` (shape (n, V)). The engine reads every request of a step in its one host
-        read and hands the columns to ``tree_receive``. Called only when ``observes_trees``."""
+    def tree_request(self, logits: "Sequence[torch.Tensor]") -> "torch.Tensor":
+        """What to record of the trees just verified, computed on the model's device: shape (n, c),
+        int32 (floats as their bit patterns, ``Tensor.view(torch.int32)``), from each observed
+        tree's raw logits ``logits[i]`` (shape (n_i, V); n = the sum of the n_i, rows in that
+        order). The engine reads every request of a step in its one host read and hands each
+        tree its rows through ``tree_receive``. Called only when ``observes_trees``."""
         import torch
 
-        return torch.empty((logits.shape[0], 0), dtype=torch.int32, device=logits.device)
+        return torch.empty((sum(part.shape[0] for part in logits), 0), dtype=torch.int32, device=logits[0].device)
 
     def tree_receive(self, tokens: np.ndarray, columns: np.ndarray) -> None:
         """This drafter's ``tree_request`` columns (shape (n, c), int32, host) for the tree whose
@@ -71,7 +72,7 @@ class Drafter(ABC):
         """``tree_request`` then ``tree_receive`` with a read of its own (for use outside the engines)."""
         from retrieval_draft.model.transfer import to_host
 
-        self.tree_receive(tokens, to_host(self.tree_request(logits)))
+        self.tree_receive(tokens, to_host(self.tree_request([logits])))
 
     def accept(self, new_tokens: np.ndarray) -> None:
         """Tokens just appended to the context (shape (k,), int64)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -66,27 +66,28 @@ class RecyclingDrafter(Drafter):
         """Tokens whose successors have been recorded."""
         return int(np.count_nonzero(self.successors[:, 0] != EMPTY))
 
-    def tree_request(self, logits: "torch.Tensor") -> "torch.Tensor":
-        """The top-k of each row of ``logits`` (shape (n, V), raw), on its device: shape (n, 2k),
-        int32, the k token ids then the k probabilities' float32 bit patterns."""
+    def tree_request(self, logits: "Sequence[torch.Tensor]") -> "torch.Tensor":
+        """The top-k of each row of every ``logits[i]`` (shape (n_i, V), raw), on their device:
+        shape (sum n_i, 2k), int32, the k token ids then the k probabilities' float32 bit patterns."""
         import torch
 
         with torch.no_grad():
-            rows = logits[:, : self.vocab_size].float()
-            if transfer.computes_on_host(rows):  # torch.topk and logsumexp cost ~4x more on CPU (row_top_k)
-                return torch.from_numpy(self._host_request(rows.numpy()))
+            if transfer.computes_on_host(logits[0]):  # torch.topk and logsumexp cost ~4x more on CPU (row_top_k)
+                return torch.from_numpy(self._host_request([part.numpy() for part in logits]))
+            rows = (logits[0] if len(logits) == 1 else torch.cat(list(logits)))[:, : self.vocab_size].float()
             top = torch.topk(rows, self.k, dim=-1)
             indices = top.indices
             probs = torch.exp(top.values - torch.logsumexp(rows, dim=-1, keepdim=True))
         return torch.cat([indices.to(torch.int32), probs.view(torch.int32)], dim=1)
 
-    def _host_request(self, rows: np.ndarray) -> np.ndarray:
-        """``tree_request``'s columns computed on the host from (n, V) float32 logits: (n, 2k) int32."""
-        ids, values, log_norm = top_k_rows(rows, self.k)
+    def _host_request(self, parts: "Sequence[np.ndarray]") -> np.ndarray:
+        """``tree_request``'s columns computed on the host from each part's (n_i, V) float32
+        logits, without joining them: (sum n_i, 2k) int32."""
+        ids, values, log_norm = top_k_rows([part[:, : self.vocab_size] for part in parts], self.k)
         probs = np.exp(values - log_norm[:, None]).astype(np.float32)
         probs[~np.isfinite(probs)] = 0.0  # a row of NaN
-        columns = np.empty((rows.shape[0], 2 * self.k), dtype=np.int32)
-        columns[:, : self.k] = np.where(ids < rows.shape[1], ids, EMPTY)  # slots a NaN row left unfilled
+        columns = np.empty((ids.shape[0], 2 * self.k), dtype=np.int32)
+        columns[:, : self.k] = np.where(ids < min(parts[0].shape[1], self.vocab_size), ids, EMPTY)  # slots a NaN row left unfilled
         columns[:, self.k :] = probs.view(np.int32)
         return columns
 

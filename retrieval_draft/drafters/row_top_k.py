@@ -5,13 +5,16 @@ and ``torch.log_softmax`` 30 us (2-core AMD EPYC, V = 49,152). Here a row costs 
 about 25 us: numpy takes the maximum of each of V / 64 groups of entries (vectorised);
 only groups whose maximum reaches the k-th largest group maximum can hold the k largest
 entries, so only they are scanned (a few hundred entries, not V); and the normaliser
-log(sum(exp(x))) sums a branch-free polynomial exp that the compiler vectorises:
-exp(y) = p(y / 256) ** 256 for y <= 0, p the degree-6 Taylor polynomial (relative error
-about 1e-6 per term; the log-normaliser agrees with torch's to about 1e-6).
+log(sum(exp(x))) sums a branch-free exp that the compiler vectorises (2**n times a degree-5
+polynomial for 2**f, n added to the float's exponent bits; relative error about 3e-7 per
+term, 9 us a row here against 13 for the earlier p(y / 256) ** 256; the log-normaliser agrees
+with torch's to about 1e-6).
 Ties keep the lower index first, as ``torch.argmax`` does.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import numba
 import numpy as np
@@ -20,25 +23,28 @@ BLOCK = 64  # entries per group
 _FAST = ("reassoc", "contract", "arcp", "nsz", "afn")  # lets the exp-sum vectorise; comparisons stay exact
 
 
+# 2**f for f in [0, 1): least-squares fit on Chebyshev nodes, relative error 1.1e-7.
+_POW2 = (0.9999999, 0.69315462, 0.24014077, 0.05586328, 0.00894621, 0.00189511)
+
+
 @numba.njit(cache=True, nogil=True, fastmath=set(_FAST))
-def _exp_sum(row: np.ndarray, peak: float) -> float:
-    """sum(exp(row - peak)) over a row whose entries are all <= peak."""
-    one, c2, c3, c4, c5, c6 = (np.float32(1.0), np.float32(0.5), np.float32(1 / 6), np.float32(1 / 24),
-                               np.float32(1 / 120), np.float32(1 / 720))
-    low, scale, top = np.float32(-87.0), np.float32(1 / 256), np.float32(peak)
+def _exp_sum(row: np.ndarray, peak: float, scratch: np.ndarray) -> float:
+    """sum(exp(row - peak)) over a row (V,) whose entries are all <= peak; ``scratch``: (V,)
+    float32 work space. exp(y) = 2**n * 2**f with z = y * log2(e) = n + f: the polynomial gives
+    2**f, and n is added to its float exponent bits (two vectorised loops, no division)."""
+    c0, c1, c2, c3, c4, c5 = (np.float32(_POW2[0]), np.float32(_POW2[1]), np.float32(_POW2[2]),
+                              np.float32(_POW2[3]), np.float32(_POW2[4]), np.float32(_POW2[5]))
+    low, log2e, top = np.float32(-126.0), np.float32(1.4426950408889634), np.float32(peak)
+    bits = scratch.view(np.int32)
+    for j in range(row.shape[0]):
+        z = max((row[j] - top) * log2e, low)
+        n = np.floor(z)
+        f = z - n
+        scratch[j] = c0 + f * (c1 + f * (c2 + f * (c3 + f * (c4 + f * c5))))
+        bits[j] += np.int32(n) << 23
     total = np.float32(0.0)
     for j in range(row.shape[0]):
-        t = max(row[j] - top, low) * scale
-        p = one + t * (one + t * (c2 + t * (c3 + t * (c4 + t * (c5 + t * c6)))))
-        p = p * p
-        p = p * p
-        p = p * p
-        p = p * p
-        p = p * p
-        p = p * p
-        p = p * p
-        p = p * p
-        total += p
+        total += scratch[j]
     return total
 
 
@@ -69,7 +75,7 @@ def _insert(k, r, j, v, ids, best) -> None:
 
 
 @numba.njit(cache=True, nogil=True)
-def _scan(values, groups, k, ids, best, log_norm) -> None:
+def _scan(values, groups, k, ids, best, log_norm, scratch) -> None:
     rows, width = values.shape
     count = groups.shape[1]
     stride = width // BLOCK  # group g < stride holds entries g, g + stride, ...; the tail is one more group
@@ -87,7 +93,7 @@ def _scan(values, groups, k, ids, best, log_norm) -> None:
                 if v > best[r, k - 1] or (v == best[r, k - 1] and j < ids[r, k - 1]):
                     _insert(k, r, j, v, ids, best)
         peak = best[r, 0]
-        log_norm[r] = peak + np.log(_exp_sum(values[r], peak)) if np.isfinite(peak) else np.nan
+        log_norm[r] = peak + np.log(_exp_sum(values[r], peak, scratch)) if np.isfinite(peak) else np.nan
 
 
 def group_maxima(values: np.ndarray) -> np.ndarray:
@@ -104,11 +110,12 @@ def group_maxima(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1))
 
 
-def top_k_rows(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def top_k_rows(values: "np.ndarray | Sequence[np.ndarray]", k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row's k largest entries and its log-normaliser.
 
     Args:
-        values: (n, V) float32 logits, V >= k.
+        values: (n, V) float32 logits, V >= k; or a sequence of (n_i, V) arrays, taken as their
+            rows in order (n = the sum of the n_i), never joined.
         k: entries kept per row.
 
     Returns:
@@ -116,10 +123,16 @@ def top_k_rows(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.n
         and a row with fewer than k other entries holds V in the slots left over); their values
         (n, k) float32; log(sum(exp(row))) (n,) float64 (NaN for a row with no finite entry).
     """
-    values = np.ascontiguousarray(values, dtype=np.float32)
-    rows = values.shape[0]
+    parts = [values] if isinstance(values, np.ndarray) else list(values)
+    rows = sum(part.shape[0] for part in parts)
     ids = np.empty((rows, k), dtype=np.int64)
     best = np.empty((rows, k), dtype=np.float32)
     log_norm = np.empty(rows, dtype=np.float64)
-    _scan(values, group_maxima(values), k, ids, best, log_norm)
+    scratch = np.empty(parts[0].shape[1], dtype=np.float32)
+    start = 0
+    for part in parts:
+        part = np.ascontiguousarray(part, dtype=np.float32)
+        end = start + part.shape[0]
+        _scan(part, group_maxima(part), k, ids[start:end], best[start:end], log_norm[start:end], scratch)
+        start = end
     return ids, best, log_norm

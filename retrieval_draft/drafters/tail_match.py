@@ -1,12 +1,14 @@
 """Find where the tail of a context occurred before, and what followed it.
 
 Shared by prompt lookup (search the context itself) and the output history
-(search earlier generations). Vectorised over candidate positions: one
-comparison over the haystack, then one masked step per extra matched token.
+(search earlier generations). One vectorised comparison over the haystack finds
+every occurrence of the tail's last token; one compiled loop extends each match
+backwards (no temporary array per matched token).
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from retrieval_draft.draft import Draft
@@ -29,30 +31,35 @@ def tail_matches(haystack: np.ndarray, tail: np.ndarray, max_ngram: int) -> tupl
     """Positions in ``haystack`` where the end of ``tail`` occurs, with match lengths.
 
     Args:
-        haystack: shape (h,), int64 tokens searched (negative ids never match).
+        haystack: shape (h,), int32 or int64 tokens searched (negative ids never match).
         tail: shape (t,), int64; its last token must match at the position.
         max_ngram: longest match measured.
 
     Returns:
-        (ends, lengths), both shape (c,): ``haystack[end - L + 1 : end + 1]``
+        (ends, lengths), both shape (c,) int64, ends increasing: ``haystack[end - L + 1 : end + 1]``
         equals ``tail[-L:]`` for ``L = lengths[i]``, and ``end < h - 1`` so at
         least one token follows.
     """
     h, t = haystack.shape[0], tail.shape[0]
     if h < 2 or t < 1:
         return np.empty(0, np.int64), np.empty(0, np.int64)
-    ends = np.flatnonzero(haystack[: h - 1] == tail[t - 1])
-    lengths = np.ones(ends.shape[0], dtype=np.int64)
-    alive = np.ones(ends.shape[0], dtype=bool)
-    for back in range(1, min(max_ngram, t)):
-        probe = ends - back
-        ok = alive & (probe >= 0)
-        ok[ok] = haystack[probe[ok]] == tail[t - 1 - back]
-        lengths += ok
-        alive = ok
-        if not alive.any():
-            break
-    return ends, lengths
+    tail = np.ascontiguousarray(tail[-min(max_ngram, t) :], dtype=np.int64)
+    ends = np.flatnonzero(haystack[: h - 1] == tail[-1])
+    return ends, _match_lengths(haystack, tail, ends)
+
+
+@numba.njit(cache=True, nogil=True)
+def _match_lengths(haystack: np.ndarray, tail: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """(c,) int64: how many of ``tail``'s (t,) tokens match backwards from each of ``ends`` (c,),
+    positions in ``haystack`` (h,) that hold ``tail``'s last token (1..t)."""
+    t = tail.shape[0]
+    lengths = np.empty(ends.shape[0], np.int64)
+    for i in range(ends.shape[0]):
+        p, length = ends[i], 1
+        while length < t and p - length >= 0 and haystack[p - length] == tail[t - 1 - length]:
+            length += 1
+        lengths[i] = length
+    return lengths
 
 
 def continuations(

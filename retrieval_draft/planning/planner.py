@@ -21,11 +21,12 @@ prompt cost more per node).
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from retrieval_draft.config import DEFAULTS
-from retrieval_draft.tree import DraftTree, merge_drafts
-from retrieval_draft.draft import Draft
+from retrieval_draft.tree import DraftTree, merge_flat
+from retrieval_draft.draft import Draft, laid_end_to_end, matched_prefixes
 from retrieval_draft.planning.calibration import AcceptanceCalibrator
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
 from retrieval_draft.planning.drafter_gate import DrafterGate
@@ -87,24 +88,22 @@ class TreePlanner:
 
     def candidates(self, root_token: int, drafts: SourcedDrafts) -> DraftTree:
         """Every drafted node under the pending token, with calibrated probabilities (unpruned)."""
-        return cap_siblings(merge_drafts(root_token, self.calibrated(drafts)))
+        return cap_siblings(merge_flat(root_token, *self.calibrated(drafts)))
 
-    def calibrated(self, drafts: SourcedDrafts) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Every non-empty draft as (tokens (n,), calibrated conditional probabilities (n,)), in
-        order; one calibrator call per drafter for all its drafts."""
-        by_source: dict[str, list[Draft]] = {}
-        for source, draft in drafts:
-            if len(draft):
-                by_source.setdefault(source, []).append(draft)
-        rated: dict[int, np.ndarray] = {}
-        for source, group in by_source.items():
-            lengths = [len(draft) for draft in group]
-            raw = np.concatenate([draft.probs for draft in group])
-            starts = np.repeat(np.cumsum([0, *lengths[:-1]]), lengths)
-            rates = np.minimum(np.maximum(self.calibrator(source).rates(raw, np.arange(raw.shape[0]) - starts), 1e-6), 1.0)
-            for draft, part in zip(group, np.split(rates, np.cumsum(lengths)[:-1])):
-                rated[id(draft)] = part
-        return [(draft.tokens, rated[id(draft)]) for _, draft in drafts if len(draft)]
+    def calibrated(self, drafts: SourcedDrafts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every draft laid end to end, in order: tokens (m,), calibrated conditional
+        probabilities (m,) and each draft's length (d,); one calibrator call per drafter."""
+        tokens, raw, lengths = laid_end_to_end([draft for _, draft in drafts])
+        if not tokens.size:
+            return tokens, raw, lengths
+        depths = np.arange(raw.shape[0]) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        owners, names = _owners(drafts, lengths)
+        rates = np.empty_like(raw)
+        for number, source in enumerate(names):  # one call per drafter, over all its drafts' tokens
+            mine = owners == number
+            rates[mine] = self.calibrator(source).rates(raw[mine], depths[mine])
+        np.clip(rates, 1e-6, 1.0, out=rates)
+        return tokens, rates, lengths
 
     def plan(self, roots: list[int], drafts: list[SourcedDrafts], cache_len: int = 0) -> list[DraftTree]:
         """Row i's tree rooted at its pending token ``roots[i]`` from ``drafts[i]``; every
@@ -171,29 +170,34 @@ class TreePlanner:
         tokens before it in its draft equal ``truth``, right when it does too. A drafter's drafts
         that share a prefix grade it once (its first draft's probabilities): a tested token's
         prefix is ``truth``'s, so (drafter, depth, token) names it."""
-        by_source: dict[str, list[Draft]] = {}
-        for source, draft in drafts:
-            if len(draft):
-                by_source.setdefault(source, []).append(draft)
-        for source, group in by_source.items():
-            tested = [_tested(draft.tokens, truth) for draft in group]
-            tokens = np.concatenate([draft.tokens[:count] for draft, count in zip(group, tested)])
-            if not tokens.size:
-                continue
-            raw = np.concatenate([draft.probs[:count] for draft, count in zip(group, tested)])
-            depths = np.concatenate([np.arange(count) for count in tested])
-            _, first = np.unique(depths * (int(tokens.max()) + 1) + tokens, return_index=True)
-            right = tokens[first] == truth[np.minimum(depths[first], truth.shape[0] - 1)]
-            right &= depths[first] < truth.shape[0]
-            self.calibrator(source).record(raw[first], depths[first], right)
+        tokens, raw, lengths = laid_end_to_end([draft for _, draft in drafts])
+        if not tokens.size:
+            return
+        limit = np.minimum(lengths, truth.shape[0])
+        matched = matched_prefixes(tokens, lengths, truth)
+        tested = np.where(matched < limit, matched + 1, limit)  # through the first wrong token
+        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        depths = np.arange(tokens.shape[0]) - starts
+        owners, names = _owners(drafts, lengths)
+        live = depths < np.repeat(tested, lengths)
+        # first entry of each (drafter, depth, token) among the tested ones
+        key = (owners * (int(depths.max()) + 1) + depths) * (int(tokens.max()) + 1) + tokens
+        _, first = np.unique(np.where(live, key, -1), return_index=True)
+        first = first[live[first]]
+        right = tokens[first] == truth[np.minimum(depths[first], truth.shape[0] - 1)]
+        right &= depths[first] < truth.shape[0]
+        for number, source in enumerate(names):
+            mine = first[owners[first] == number]
+            if mine.size:
+                self.calibrator(source).record(raw[mine], depths[mine], right[owners[first] == number])
 
 
-def _tested(tokens: np.ndarray, truth: np.ndarray) -> int:
-    """How many of a draft's ``tokens`` (shape (n,)) are tested against ``truth`` (shape (t,)):
-    through its first wrong token, or all it shares in length with ``truth``."""
-    n = min(tokens.shape[0], truth.shape[0])
-    wrong = np.flatnonzero(tokens[:n] != truth[:n])
-    return int(wrong[0]) + 1 if wrong.size else n
+def _owners(drafts: SourcedDrafts, lengths: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Each entry of the drafts laid end to end (``lengths`` (d,)): the number of its drafter
+    (m,), and the drafters' names in order of first appearance."""
+    index: dict[str, int] = {}
+    numbers = np.array([index.setdefault(source, len(index)) for source, _ in drafts], dtype=np.int64)
+    return np.repeat(numbers, lengths), list(index)
 
 
 def extended_cost(cost: VerifyCost, max_tokens: int) -> VerifyCost:
@@ -216,13 +220,21 @@ def cap_siblings(tree: DraftTree) -> DraftTree:
     """
     if tree.size == 1:
         return tree
-    parents = np.maximum(tree.parents, 0)
-    conditional = np.divide(tree.probs, tree.probs[parents], out=np.zeros_like(tree.probs), where=tree.probs[parents] > 0)
-    conditional[0] = 0.0
-    totals = np.bincount(parents[1:], weights=conditional[1:], minlength=tree.size)
-    conditional /= np.maximum(totals[parents], 1.0)
-    scaled, above = conditional.tolist(), parents.tolist()
-    probs = [1.0] * tree.size
-    for node in range(1, tree.size):  # parents come before children
-        probs[node] = scaled[node] * probs[above[node]]
-    return DraftTree(tree.tokens, tree.parents, tree.depths, np.asarray(probs))
+    return DraftTree(tree.tokens, tree.parents, tree.depths, _capped(tree.parents, tree.probs))
+
+
+@numba.njit(cache=True, nogil=True)
+def _capped(parents: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    """(n,) path probabilities after each node's children's conditionals (``probs`` over the
+    parent's) are scaled to sum to at most 1; nodes in topological order, root 0."""
+    n = probs.shape[0]
+    conditional = np.zeros(n, np.float64)
+    totals = np.zeros(n, np.float64)
+    for node in range(1, n):
+        above = probs[parents[node]]
+        conditional[node] = probs[node] / above if above > 0 else 0.0
+        totals[parents[node]] += conditional[node]
+    capped = np.ones(n, np.float64)
+    for node in range(1, n):  # parents come before children
+        capped[node] = conditional[node] / max(totals[parents[node]], 1.0) * capped[parents[node]]
+    return capped
