@@ -99,6 +99,8 @@ def run_generate(args: argparse.Namespace) -> int:
         sampling=sampling,
         seed=args.seed,
     )
+    if args.history and Path(args.history).exists():
+        HistoryDrafter.load(args.history)  # a damaged file is refused before the model loads
     started = time.perf_counter()
     session = load_session(args.model, args.datastore)
     print(f"loaded model in {time.perf_counter() - started:.1f} s", file=sys.stderr)

@@ -144,3 +144,4 @@ def test_cli_history_file_grows_across_runs_and_a_corrupt_one_is_refused(tmp_pat
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 2
     assert "not a readable history file" in result.stderr
+    assert "loaded model" not in result.stderr  # refused before the model loads
