@@ -103,6 +103,13 @@ def _recycled(sources: DraftSources) -> Drafter:
     return sources.recycled
 
 
+def _candidates(sources: DraftSources) -> Drafter:
+    from retrieval_draft.drafters.candidate_lookup import CandidateLookupDrafter
+
+    inner = [PromptLookupDrafter(max_branches=2)] + ([sources.history] if sources.history is not None else [])
+    return CandidateLookupDrafter(_recycled(sources), inner)
+
+
 # name -> factory: one drafter, or (the store kinds) one per datastore.
 DRAFTERS: "MappingProxyType[str, Callable[[DraftSources], Drafter | list[Drafter]]]" = MappingProxyType({
     "prompt": lambda sources: PromptLookupDrafter(),
@@ -110,6 +117,7 @@ DRAFTERS: "MappingProxyType[str, Callable[[DraftSources], Drafter | list[Drafter
     "suffix": _needs_store(_suffix, "suffix"),
     "history": _history,
     "recycle": _recycled,
+    "candidates": _candidates,
 })
 STORE_DRAFTERS = ("ngram", "suffix")  # what each datastore adds to the defaults
 

@@ -1,7 +1,8 @@
 """What our drafts would give on a GPU, projected from parts measured on this CPU.
 
     python -m tools.bench.gpu_projection [--model smollm2-135m] [--workloads code_raw,grounded,chat]
-        [--prompts 4] [--max-new-tokens 96] [--forward-ms 8,25] [--json PATH] [--markdown PATH]
+        [--prompts 4] [--max-new-tokens 96] [--forward-ms 8,25] [--systems ours,suffix] [--fixed]
+        [--json PATH] [--markdown PATH]
 
 A GPU runs one forward over a small batch's tree in about the same time for 1 or 64 nodes. So
 each system here runs the README call with ``draft_planner=`` a planner whose cost curve is flat
@@ -19,6 +20,10 @@ recycling table's top-k over every node) with one host read (so the truth lies b
 the second). Systems: ``ours`` (the default drafters) and ``suffix`` (SuffixDecoding as a drafter
 in our engine, ``tools.bench.peers``), each on its own model handle and planner per workload, so
 each learns from that workload's earlier prompts only. Outputs are checked against HF's.
+
+``--fixed`` verifies fixed 64-node trees instead (the README call with ``adaptive_tree=False,
+tree_budget=64``: every step's tree holds the 64 most probable candidates, what the published
+training-free methods compare at on a GPU), for accepted tokens per step at that size.
 """
 
 from __future__ import annotations
@@ -53,21 +58,25 @@ def flat_planner(forward_s: float) -> TreePlanner:
                        observed=UnobservedCost())
 
 
-def run_system(model, prompts: list[torch.Tensor], max_new_tokens: int, drafters, forward_s: float) -> dict:
-    """The README call with a flat-cost planner over ``prompts`` on one handle; totals and outputs."""
-    planner = flat_planner(forward_s)
+def run_system(model, prompts: list[torch.Tensor], max_new_tokens: int, drafters, forward_s: float,
+               fixed: bool = False) -> dict:
+    """The README call with a flat-cost planner (``fixed``: fixed ``FLAT_NODES``-node trees) over
+    ``prompts`` on one handle; totals and outputs."""
+    trees = ({"adaptive_tree": False, "tree_budget": FLAT_NODES} if fixed
+             else {"draft_planner": flat_planner(forward_s)})
     total, outputs = DecodeStats(), []
     for ids in prompts:
         stats = DecodeStats()
         extra = {"drafters": drafters} if drafters is not None else {}
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                             custom_generate=retrieval_draft.generate, draft_planner=planner, draft_stats=stats, **extra)
+                             custom_generate=retrieval_draft.generate, draft_stats=stats, **trees, **extra)
         outputs.append(out)
         for name in ("forwards", "steps", "step_tokens", "tree_nodes", "readout_s", "draft_s", "plan_s", "pack_s",
                      "forward_s", "accept_s", "device_forward_s"):
             setattr(total, name, getattr(total, name) + getattr(stats, name))
     steps = max(total.forwards, 1)
     return {"mat": round(total.step_tokens / steps, 3), "nodes_per_step": round(total.tree_nodes / steps, 2),
+            "forwards": total.forwards,
             "host_ms": round(1000 * total.host_s / steps, 3),
             "host_without_readout_ms": round(1000 * (total.host_s - total.readout_s) / steps, 3),
             "outputs": outputs}
@@ -83,10 +92,11 @@ def project(row: dict, hf_host_ms: float, forward_ms: list[float]) -> dict:
     return out
 
 
-def measure(session, workloads: dict, max_new_tokens: int, forward_ms: list[float]) -> dict:
-    """Per workload: HF's host ms per token, and per system its figures and projections."""
+def measure(session, workloads: dict, max_new_tokens: int, forward_ms: list[float], systems: list[str],
+            fixed: bool = False) -> dict:
+    """Per workload: HF's host ms per token, and per system (``ours``, ``suffix``) its figures and projections."""
     table = {}
-    suffix_class = peers.suffix_cache_class()
+    suffix_class = peers.suffix_cache_class() if "suffix" in systems else None
     for name, group in workloads.items():
         prompts = [encode(session, p) for p in group]
         started = time.perf_counter()
@@ -94,14 +104,16 @@ def measure(session, workloads: dict, max_new_tokens: int, forward_ms: list[floa
         plain = [session.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                         do_sample=False) for ids in prompts]
         rows = {}
-        for system, drafters in (("ours", None), ("suffix", [peers.SuffixDecodingDrafter(suffix_class)])):
+        for system in systems:
+            drafters = [peers.SuffixDecodingDrafter(suffix_class)] if system == "suffix" else None
             handle = copy.copy(session.model)  # its own plugin memory (history, rates), as tools.bench keeps it
-            row = run_system(handle, prompts, max_new_tokens, drafters, forward_ms[0] / 1000)
+            row = run_system(handle, prompts, max_new_tokens, drafters, forward_ms[0] / 1000, fixed)
             row["identical"] = all(torch.equal(a, b) for a, b in zip(row.pop("outputs"), plain))
             row.update(project(row, hf_host, forward_ms))
             rows[system] = row
-        rows["ours_over_suffix"] = {key: round(rows["ours"][key] / rows["suffix"][key], 3)
-                                    for key in rows["ours"] if key.startswith("T=")}
+        if {"ours", "suffix"} <= set(rows):
+            rows["ours_over_suffix"] = {key: round(rows["ours"][key] / rows["suffix"][key], 3)
+                                        for key in rows["ours"] if key.startswith("T=")}
         table[name] = {"hf_host_ms": hf_host, "systems": rows, "seconds": round(time.perf_counter() - started, 1)}
         print(f"[gpu_projection] {name}: {json.dumps(rows)}", flush=True)
     return table
@@ -113,13 +125,19 @@ def markdown(table: dict, forward_ms: list[float]) -> str:
     lines = ["| workload | system | MAT | nodes/step | host ms/step | host w/o readout | HF host ms/token | "
              + " | ".join(keys) + " | identical |", "|---|---|" + "---:|" * (5 + len(keys)) + "---|"]
     for name, entry in table.items():
-        for system in ("ours", "suffix"):
+        for system in [system for system in ("ours", "suffix") if system in entry["systems"]]:
             r = entry["systems"][system]
             lines.append(f"| {name} | {system} | {r['mat']:.2f} | {r['nodes_per_step']:.1f} | {r['host_ms']:.2f} | "
                          f"{r['host_without_readout_ms']:.2f} | {entry['hf_host_ms']:.2f} | "
                          + " | ".join(f"{r[k]:.2f}x" for k in keys) + f" | {'yes' if r['identical'] else 'NO'} |")
-        ratio = entry["systems"]["ours_over_suffix"]
-        lines.append(f"| {name} | ours / suffix | | | | | | " + " | ".join(f"{ratio[k]:.2f}x" for k in keys) + " | |")
+        ratio = entry["systems"].get("ours_over_suffix")
+        if ratio:
+            lines.append(f"| {name} | ours / suffix | | | | | | " + " | ".join(f"{ratio[k]:.2f}x" for k in keys) + " | |")
+    systems = {system for entry in table.values() for system in entry["systems"] if system in ("ours", "suffix")}
+    for system in sorted(systems):  # overall MAT: all steps of all workloads
+        tokens = sum(e["systems"][system]["mat"] * e["systems"][system]["forwards"] for e in table.values())
+        steps = sum(e["systems"][system]["forwards"] for e in table.values())
+        lines.append(f"| overall | {system} | {tokens / max(steps, 1):.2f} | | | | | " + " | " * len(keys) + " |")
     return "\n".join(lines)
 
 
@@ -130,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--forward-ms", default="8,25", help="forward times T to project for, ms (the first sizes the planner)")
+    p.add_argument("--systems", default="ours,suffix", help="comma list of ours, suffix")
+    p.add_argument("--fixed", action="store_true", help="verify fixed 64-node trees (adaptive_tree=False, tree_budget=64)")
     p.add_argument("--json")
     p.add_argument("--markdown")
     args = p.parse_args(argv)
@@ -137,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     if not names or any(w not in WORKLOADS for w in names):
         p.error(f"--workloads takes a comma list of {', '.join(WORKLOADS)}")
     forward_ms = [float(t) for t in args.forward_ms.split(",")]
-    reason = peers.unavailable()
+    systems = [name.strip() for name in args.systems.split(",") if name.strip()]
+    if not systems or not set(systems) <= {"ours", "suffix"}:
+        p.error("--systems takes a comma list of ours, suffix")
+    reason = peers.unavailable() if "suffix" in systems else None
     if reason:
         p.error(f"SuffixDecoding is unavailable: {reason}")
     from retrieval_draft.session import load_session
@@ -145,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(2)
     session = load_session(args.model)
     workloads = build_workloads(names, args.prompts, seed=0, tokenizer=session.tokenizer)
-    table = measure(session, workloads, args.max_new_tokens, forward_ms)
+    table = measure(session, workloads, args.max_new_tokens, forward_ms, systems, args.fixed)
     report = markdown(table, forward_ms)
     print(report)
     command = " ".join(["python -m tools.bench.gpu_projection", *(argv if argv is not None else sys.argv[1:])])
