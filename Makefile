@@ -27,7 +27,7 @@ demo: $(STAMP)
 	$(BIN)/python -m tools.demo --store $(DEMO_STORE)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 # The Hub route's folder (hub/retrieval-draft) against the installed transformers, on a tiny random model.
 hub-check: $(STAMP)
