@@ -68,7 +68,7 @@ def test_the_skinny_kernel_is_never_chosen_for_a_model_off_the_cpu(tiny_llama):
     assert eligible_linears(tiny_llama) and TreeModel(tiny_llama).skinny_sizes  # on CPU it is
     meta = on_meta(tiny_llama)
     assert eligible_linears(meta) == []
-    assert TreeModel(meta).skinny_sizes == frozenset() and TreeModel(meta)._skinny == []
+    assert TreeModel(meta).skinny_sizes == frozenset()
 
 
 def after_prompt(tree_model: TreeModel, rows: int, length: int, gaps: bool = False) -> TreeModel:
@@ -82,10 +82,9 @@ def after_prompt(tree_model: TreeModel, rows: int, length: int, gaps: bool = Fal
 
 
 def inputs(tree_model: TreeModel, trees: list):
-    """``_inputs`` for ``trees`` as ``score_trees`` calls it."""
-    width = max(tree.size for tree in trees)
-    tokens, depths, among = tree_model._pack(trees, width)
-    return tree_model._inputs(tokens, tree_model.slots.next_pos[:, None] + depths, among, tree_model.slots.dense, False)
+    """The forward's inputs for ``trees`` as ``score_trees`` packs them: tokens, position ids, mask."""
+    packed = tree_model.pack(trees)
+    return packed.tokens, packed.position_ids, packed.mask
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -153,7 +152,7 @@ def test_the_in_place_kv_cache_allocates_on_the_device_of_the_states():
     layer = GrowingLayer()
     keys = torch.empty((1, 2, 3, 4), device=META, dtype=torch.bfloat16)
     layer.update(keys, keys.clone())
-    assert layer._key_buffer.device == META and layer._key_buffer.dtype == torch.bfloat16
+    assert layer.keys.device == META and layer.keys.dtype == torch.bfloat16  # views of the buffer
     assert layer.keys.shape == (1, 2, 3, 4)
 
 
