@@ -12,7 +12,8 @@ DEMO_STORE := .cache/stdlib-datastore
 setup: $(STAMP)
 
 # The test extra includes ray[data] for tests/test_datastore_ray.py (~20 s, ~240 MB installed) and
-# pytest-xdist: `make test` runs the suite on one worker per core (9 min against 19.5 on 2 busy cores).
+# pytest-xdist: `make test` runs whole test modules on one worker per core, longest first (tests/conftest.py):
+# 750 tests in 7.6 min on a fresh clone of 2 cores (19.5 min serially in an earlier measurement).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
