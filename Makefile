@@ -11,7 +11,7 @@ DEMO_STORE := .cache/stdlib-datastore
 
 setup: $(STAMP)
 
-# The test extra includes ray[data] for tests/test_datastore_ray.py (~20 s, ~240 MB installed) and
+# The test extra includes ray[data] for tests/stores/test_datastore_ray.py (~20 s, ~240 MB installed) and
 # pytest-xdist: `make test` runs whole test modules on one worker per core, longest first (tests/conftest.py):
 # 750 tests in 7.6 min on a fresh clone of 2 cores (19.5 min serially in an earlier measurement).
 $(STAMP): pyproject.toml

@@ -9,7 +9,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from retrieval_draft.model.tree_attention import GROUPED_SDPA, grouped_sdpa, sdpa_configs, tree_attention
 
-from .conftest import make_tiny_llama
+from tests.conftest import make_tiny_llama
 
 
 class _Layer(torch.nn.Module):

@@ -68,7 +68,7 @@ def test_flipped_bytes_in_trie_are_caught_before_loading_without_crashing(store_
         _flip(store_copy / TRIE, offset)
     code = f"from retrieval_draft.store.opening import open_datastore\nopen_datastore({str(store_copy)!r})"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[1])
+                            cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 1  # a Python exception, not a signal
     assert "CorruptDatastoreError" in result.stderr and "suffix.trie: sha256 mismatch" in result.stderr
 

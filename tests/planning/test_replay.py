@@ -12,7 +12,7 @@ from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.model.tree_model import TreeModel
 from tools.diagnostics.replay import DEFAULT_CURVE, ReplayModel, replay
 
-from .conftest import random_prompt
+from tests.conftest import random_prompt
 
 
 def prompt_lookup():

@@ -8,7 +8,7 @@ from transformers.cache_utils import DynamicLayer
 from retrieval_draft.model.kv_cache import GrowingLayer
 from tools.diagnostics.forward_cost import VARIANTS, forward_table, markdown, matmul_table, prepared
 
-from .conftest import make_tiny_llama, random_prompt
+from tests.conftest import make_tiny_llama, random_prompt
 
 
 def test_variants_switch_off_what_they_name():

@@ -11,7 +11,7 @@ from retrieval_draft.planning.cost import kernel_sizes, measure_cost
 from retrieval_draft.model.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_forwards, skinny_linear, skinny_linears, skinny_matmul
 from retrieval_draft.model.tree_model import TreeModel
 
-from .conftest import make_tiny_llama, random_prompt
+from tests.conftest import make_tiny_llama, random_prompt
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 16])

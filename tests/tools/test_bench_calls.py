@@ -15,7 +15,7 @@ from tools.bench.fresh import first_call_command, fresh_process_rows, fresh_tabl
 from tools.bench.systems import SYSTEMS, ModelHandles, RunSetup, generate_kwargs, run_system
 from tools.bench.workloads import BenchPrompt
 
-from .conftest import TINY_VOCAB, make_tiny_llama, random_prompt
+from tests.conftest import TINY_VOCAB, make_tiny_llama, random_prompt
 
 STORE = "some/store-dir"
 OURS_EXTRAS = {"custom_generate", "datastore", "draft_tokenizer", "draft_stats"}

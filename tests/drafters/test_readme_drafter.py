@@ -10,7 +10,7 @@ import torch
 import retrieval_draft
 from tests.conftest import make_tiny_llama, random_prompt
 
-README = Path(__file__).resolve().parents[1] / "docs" / "how-it-works.md"  # the page that teaches adding a drafter
+README = Path(__file__).resolve().parents[2] / "docs" / "how-it-works.md"  # the page that teaches adding a drafter
 
 
 def _readme_drafter_class():

@@ -7,7 +7,7 @@ import torch
 
 from tools.diagnostics.layer_skip import SkippedLayers, draft_step_seconds, greedy_removal, matches, predictions, reference, tokens_per_step
 
-from .conftest import make_tiny_llama, random_prompt
+from tests.conftest import make_tiny_llama, random_prompt
 
 
 def test_the_walk_counts_accepted_drafts_plus_the_bonus_token():

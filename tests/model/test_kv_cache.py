@@ -10,7 +10,7 @@ from retrieval_draft.tree import DraftTree
 from retrieval_draft.model.kv_cache import MIN_CAPACITY, GrowingLayer, growing_cache
 from retrieval_draft.model.tree_model import TreeModel
 
-from .conftest import make_tiny_llama, random_prompt
+from tests.conftest import make_tiny_llama, random_prompt
 
 
 def _rows(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

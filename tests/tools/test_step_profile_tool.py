@@ -6,7 +6,7 @@ import torch
 
 from tools.diagnostics.step_profile import PHASES, markdown, profile
 
-from .conftest import make_tiny_llama, random_prompt
+from tests.conftest import make_tiny_llama, random_prompt
 
 
 def test_the_phases_of_a_step_add_up_and_a_replayed_prompt_takes_more_tokens_per_step():

@@ -19,7 +19,7 @@ from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft_datastore.cli import main as cli_main
 from tests.conftest import make_tiny_llama, random_prompt
-from tests.test_engine_greedy import MixedDrafter
+from tests.decode.test_engine_greedy import MixedDrafter
 
 REAL_VOCAB = 49152  # SmolLM2's tokenizer
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_batch_greedy import hf, mixed_batch, ours
+from tests.decode.test_batch_greedy import hf, mixed_batch, ours
 
 
 class Recording:

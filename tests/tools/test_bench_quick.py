@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 QUICK_WORKLOADS = {"code_raw", "code_chat", "grounded", "chat"}
 QUICK_SYSTEMS = {"hf", "hf_pld", "defaults", "prompt", "oracle"}  # run without a datastore
 QUICK_UNAVAILABLE = {"datastore": "no datastore"}

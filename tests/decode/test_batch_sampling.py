@@ -22,7 +22,7 @@ import retrieval_draft.decode.readout as readout
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.model.tree_model import TreeModel
-from tests.test_sampling_distribution import (
+from tests.decode.test_sampling_distribution import (
     ENGINE_HORIZON,
     ENGINE_PROMPT,
     KnowingDrafter,
