@@ -96,7 +96,7 @@ class TreePlanner:
         tokens, raw, lengths = laid_end_to_end([draft for _, draft in drafts])
         if not tokens.size:
             return tokens, raw, lengths
-        depths = np.arange(raw.shape[0]) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        depths = _depths(lengths)
         owners, names = _owners(drafts, lengths)
         rates = np.empty_like(raw)
         for number, source in enumerate(names):  # one call per drafter, over all its drafts' tokens
@@ -176,8 +176,7 @@ class TreePlanner:
         limit = np.minimum(lengths, truth.shape[0])
         matched = matched_prefixes(tokens, lengths, truth)
         tested = np.where(matched < limit, matched + 1, limit)  # through the first wrong token
-        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-        depths = np.arange(tokens.shape[0]) - starts
+        depths = _depths(lengths)
         owners, names = _owners(drafts, lengths)
         live = depths < np.repeat(tested, lengths)
         # first entry of each (drafter, depth, token) among the tested ones
@@ -187,9 +186,15 @@ class TreePlanner:
         right = tokens[first] == truth[np.minimum(depths[first], truth.shape[0] - 1)]
         right &= depths[first] < truth.shape[0]
         for number, source in enumerate(names):
-            mine = first[owners[first] == number]
-            if mine.size:
-                self.calibrator(source).record(raw[mine], depths[mine], right[owners[first] == number])
+            hers = owners[first] == number
+            if hers.any():
+                mine = first[hers]
+                self.calibrator(source).record(raw[mine], depths[mine], right[hers])
+
+
+def _depths(lengths: np.ndarray) -> np.ndarray:
+    """(m,) each entry's index within its draft, for drafts laid end to end (``lengths`` (d,))."""
+    return np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
 
 
 def _owners(drafts: SourcedDrafts, lengths: np.ndarray) -> tuple[np.ndarray, list[str]]:
