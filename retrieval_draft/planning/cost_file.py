@@ -43,6 +43,7 @@ def cost_key(model: torch.nn.Module) -> dict:
 
     config = model.config.to_dict()
     config.pop("_name_or_path", None)
+    config.pop("quantization_config", None)  # a GGUF file's record; the weights are float32 either way (dtype below)
     config_json = json.dumps(config, sort_keys=True, default=str)
     parameter = next(model.parameters())
     device = parameter.device

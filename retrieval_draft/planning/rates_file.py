@@ -29,8 +29,11 @@ Rates = dict[bool, dict[str, AcceptanceCalibrator]]
 
 
 def rates_path(model: torch.nn.Module) -> Path:
-    """Where ``model``'s rates are kept."""
-    config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
+    """Where ``model``'s rates are kept (a GGUF file's quantisation record left out: its load and
+    the kept float32 copy of it, ``model.converted_gguf``, are one model under one name)."""
+    body = model.config.to_dict()
+    body.pop("quantization_config", None)
+    config = json.dumps(body, sort_keys=True, default=str)
     return cache_file("learned-rates", f"{RATES_FILE_FORMAT}:{config}")
 
 

@@ -40,6 +40,38 @@ def test_plugin_equals_hf_greedy_on_smollm2(session, prompt, chat):
     assert torch.equal(got, expected)
 
 
+def test_the_kept_float32_copy_of_the_gguf_file_is_the_same_model_and_tokenizer(session):
+    """After the first load, a GGUF file loads from its kept copy (``model.converted_gguf``): the
+    same weights, config, generation config and tokenizer as transformers' own load of the file."""
+    import os
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from retrieval_draft.model.converted_gguf import converted_part
+    from retrieval_draft.model.models import default_model_path, load_model, load_tokenizer
+
+    gguf = default_model_path()
+    assert converted_part(gguf, "model") is not None and converted_part(gguf, "tokenizer") is not None
+    folder, name = os.path.split(gguf)
+    direct = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, local_files_only=True)
+    kept = load_model()
+    assert kept.name_or_path == direct.name_or_path == folder
+    weights = kept.state_dict()
+    assert weights.keys() == direct.state_dict().keys()
+    assert all(torch.equal(weights[key], value) for key, value in direct.state_dict().items())
+    config = direct.config.to_dict()
+    config.pop("quantization_config")
+    assert kept.config.to_dict() == config
+    assert kept.generation_config.to_dict() == direct.generation_config.to_dict()
+    direct_tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    tokenizer = load_tokenizer()
+    assert tokenizer.get_vocab() == direct_tokenizer.get_vocab()
+    assert tokenizer.all_special_tokens == direct_tokenizer.all_special_tokens
+    messages = [{"role": "user", "content": EDIT}]
+    for make in (lambda t: t(CODE).input_ids, lambda t: t.apply_chat_template(messages, add_generation_prompt=True)):
+        assert make(tokenizer) == make(direct_tokenizer)
+
+
 def test_bfloat16_parts_from_greedy_only_at_near_ties(session):
     """The reduced-precision rule (``retrieval_draft.divergence``): a k-token forward rounds
     differently from k one-token forwards, so bf16 may part from plain greedy, but only where

@@ -1,0 +1,91 @@
+"""GGUF models converted once: later loads read float32 safetensors instead of parsing the GGUF file.
+
+transformers reads a GGUF file's metadata once for the config, once for the
+tokenizer and once for the weights, item by item (SmolLM2-135M's 49k-token
+vocabulary: about 4 s each on 2 CPU cores), and builds a tensor-name map per
+tensor (about 5 s): a 15 s load for a 100 MB file, in every process. The first
+load of a GGUF file keeps what transformers made of it, the float32 model
+(config, generation config, safetensors) and the fast tokenizer, in
+``<cache>/gguf-converted/<key>/model/`` and ``.../tokenizer/``; later loads
+read those folders (about 1 s). ``key`` names the file by its resolved path,
+size and modification time, so a replaced file is converted again.
+
+Each part is saved into a temp folder beside its final name, fsynced, and
+renamed into place, so a folder that exists is complete; when two processes
+convert at once, the second rename fails and its copy is dropped. An
+unwritable cache is skipped (the next load parses the GGUF file again).
+Disk: the float32 weights, 4 bytes per parameter (about 0.5 GB for
+SmolLM2-135M, 1.1 GB for Gemma-3-270M); deleting the folder costs one slow load.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from retrieval_draft.atomic import fsync_path, temp_dir_next_to
+from retrieval_draft.cache_dir import cache_root
+
+PARTS = ("model", "tokenizer")
+
+
+def converted_part(gguf: str, part: str) -> Path | None:
+    """The complete saved ``part`` (one of ``PARTS``) of GGUF file ``gguf``, or None if not kept yet."""
+    folder = _folder(gguf, part)
+    return folder if folder is not None and folder.is_dir() else None
+
+
+def keep_part(gguf: str, part: str, loaded) -> None:
+    """Save ``loaded`` (a model or tokenizer just loaded from ``gguf``, with ``save_pretrained``)
+    as ``part``, atomically; does nothing when the part exists or the cache cannot be written."""
+    final = _folder(gguf, part)
+    if final is None or final.exists():
+        return
+    staging = None
+    try:
+        staging = temp_dir_next_to(final)
+        if isinstance(loaded, torch.nn.Module):
+            _save_model(loaded, staging)
+        else:
+            loaded.save_pretrained(staging)
+        for file in staging.iterdir():
+            fsync_path(file)
+        os.rename(staging, final)  # fails when another process kept this part first
+        fsync_path(final.parent)
+    except OSError:
+        pass
+    finally:
+        if staging is not None and staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _save_model(model: torch.nn.Module, folder: Path) -> None:
+    """Write ``model`` (dequantised from GGUF) as a plain float32 checkpoint: its config less the
+    GGUF quantisation record (which makes ``save_pretrained`` refuse), its generation config, and
+    its weights as safetensors (tied matrices stored once)."""
+    from safetensors.torch import save_model
+
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(folder)
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(folder)
+    save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _folder(gguf: str, part: str) -> Path | None:
+    """Where ``part`` of ``gguf`` is kept (None when the file cannot be read)."""
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {PARTS}, got {part!r}")
+    try:
+        status = os.stat(gguf)
+    except OSError:
+        return None
+    key = f"{os.path.realpath(gguf)}|{status.st_size}|{status.st_mtime_ns}"
+    return cache_root() / "gguf-converted" / hashlib.sha256(key.encode("utf-8")).hexdigest()[:32] / part

@@ -1,0 +1,65 @@
+"""A GGUF file's converted parts are kept whole or not at all, once, under the file's own key."""
+
+import os
+
+import pytest
+
+from retrieval_draft.cache_dir import CACHE_ENV
+from retrieval_draft.model.converted_gguf import converted_part, keep_part
+
+
+class _Saves:
+    """Stands in for a tokenizer: ``save_pretrained`` writes one file (or fails half-way)."""
+
+    def __init__(self, text: str, fail: bool = False) -> None:
+        self.text, self.fail = text, fail
+
+    def save_pretrained(self, folder) -> None:
+        (folder / "tokenizer.json").write_text(self.text)
+        if self.fail:
+            raise OSError("disk full")
+
+
+@pytest.fixture
+def gguf(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF")
+    return str(path)
+
+
+def test_a_part_is_kept_once_and_found_again(gguf):
+    assert converted_part(gguf, "tokenizer") is None
+    keep_part(gguf, "tokenizer", _Saves("first"))
+    kept = converted_part(gguf, "tokenizer")
+    assert kept is not None and (kept / "tokenizer.json").read_text() == "first"
+    keep_part(gguf, "tokenizer", _Saves("second"))  # a second process's copy does not replace it
+    assert (kept / "tokenizer.json").read_text() == "first"
+    assert converted_part(gguf, "model") is None
+
+
+def test_a_failed_save_leaves_nothing_behind(gguf, tmp_path):
+    keep_part(gguf, "tokenizer", _Saves("half", fail=True))
+    assert converted_part(gguf, "tokenizer") is None
+    assert not [path for path in (tmp_path / "cache").rglob("*") if path.is_file()]
+
+
+def test_a_changed_file_is_converted_again(gguf):
+    keep_part(gguf, "tokenizer", _Saves("old"))
+    with open(gguf, "ab") as handle:
+        handle.write(b"more")
+    assert converted_part(gguf, "tokenizer") is None
+
+
+def test_an_unwritable_cache_is_skipped(gguf, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(CACHE_ENV, str(blocker / "cache"))
+    keep_part(gguf, "tokenizer", _Saves("x"))
+    assert converted_part(gguf, "tokenizer") is None
+
+
+def test_an_unknown_part_is_refused(gguf):
+    with pytest.raises(ValueError, match="part must be one of"):
+        converted_part(gguf, "weights")
+    assert os.path.exists(gguf)
