@@ -3,9 +3,11 @@
 ``$RETRIEVAL_DRAFT_CACHE`` when set, else ``$XDG_CACHE_HOME/retrieval-draft``
 (an absolute ``XDG_CACHE_HOME`` only, as the XDG spec asks), else
 ``~/.cache/retrieval-draft``. It holds measured forward-cost curves
-(``cost-curves/``), learned acceptance rates (``learned-rates/``) and records of
-verified datastores (``verified-stores/``);
-deleting it costs a re-measurement and a re-verification, nothing else.
+(``cost-curves/``), learned acceptance rates (``learned-rates/``), records of
+verified datastores (``verified-stores/``), the assembled Gemma-3-270M file
+(``models/``) and GGUF files' float32 conversions (``gguf-converted/``, 4 bytes per
+parameter); deleting it costs a re-measurement, a re-verification and one slow
+load per GGUF model, nothing else.
 """
 
 from __future__ import annotations

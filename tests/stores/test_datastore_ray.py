@@ -1,5 +1,7 @@
-"""The Ray build (``--engine ray``) on a local Ray runtime: same store as the single-process build,
-the same after a worker dies, and the old store untouched when it fails."""
+"""The Ray builds (``--engine ray``) on one local Ray runtime: same store as the single-process build,
+the same after a worker dies, and the old store untouched when it fails; a sharded store built on Ray
+(``--shard-tokens N``) has every shard byte-identical to the local build's, each written by its own
+task from its own tokens."""
 
 from __future__ import annotations
 
@@ -13,18 +15,21 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from retrieval_draft.errors import InvalidInputError  # noqa: E402
-from retrieval_draft.store.layout import DATA_FILES, MANIFEST  # noqa: E402
+from retrieval_draft.store.layout import DATA_FILES, MANIFEST, NGRAM  # noqa: E402
 from retrieval_draft.store.opening import open_datastore  # noqa: E402
-from retrieval_draft.store.opening import open_datastore
 from retrieval_draft_datastore.builder import build  # noqa: E402
 from retrieval_draft_datastore.index import IndexParams  # noqa: E402
 from retrieval_draft_datastore.ray_build import build_ray  # noqa: E402
+from retrieval_draft_datastore.ray_shards import build_sharded_ray  # noqa: E402
 from retrieval_draft_datastore.ray_tokenise import ShardTokeniser  # noqa: E402
+from retrieval_draft_datastore.shard_build import build_sharded  # noqa: E402
 from retrieval_draft_datastore.sources import SourceOptions  # noqa: E402
 from tests.datastore_fixtures import bpe_tokenizer, stdlib_corpus  # noqa: E402
 
 PY = SourceOptions(globs=("*.py",))
 TIMINGS = ("tokenize_seconds", "index_seconds", "engine")
+SHARD_PARAMS = IndexParams(table_min_total=8)
+SHARD_TOKENS = 3000
 
 
 def dies_once(marker: Path) -> type:
@@ -57,6 +62,18 @@ def runtime():
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     return stdlib_corpus(tmp_path_factory.mktemp("corpus") / "py")
+
+
+@pytest.fixture(scope="module")
+def pieces(tmp_path_factory, corpus) -> Path:
+    """The same modules cut into files of 60 lines: many documents, several shards."""
+    target = tmp_path_factory.mktemp("pieces") / "py"
+    target.mkdir()
+    for module in sorted(corpus.glob("*.py")):
+        lines = module.read_text().splitlines(keepends=True)
+        for i in range(0, len(lines), 60):
+            (target / f"{module.stem}_{i // 60:03d}.py").write_text("".join(lines[i : i + 60]))
+    return target
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +141,19 @@ def test_shards_merge_to_the_single_sort_for_any_cut(runtime):
     vlen = valid_lengths(tokens, 65535, IndexParams().lcp_cap)
     merged = [index_range(tokens, vlen, 16, 65535, IndexParams(), *(p[r] for p in pieces))[0] for r in range(len(cuts))]
     assert np.array_equal(np.concatenate(merged), sort_suffixes(tokens, 16, 65535)[0])
+
+
+def test_ray_and_local_sharded_builds_are_byte_identical_per_shard(runtime, tmp_path, pieces, tokenizer):
+    local = build_sharded([str(pieces)], tmp_path / "local", tokenizer, SHARD_TOKENS, options=PY, params=SHARD_PARAMS,
+                          progress=False)
+    remote = build_sharded_ray([str(pieces)], tmp_path / "ray", tokenizer, SHARD_TOKENS, options=PY,
+                               params=SHARD_PARAMS, workers=2, progress=False)
+    assert remote["shards"] == local["shards"] and len(local["shards"]) >= 4
+    for record in local["shards"]:
+        for name in (MANIFEST, *DATA_FILES):
+            a = (tmp_path / "local" / record["dir"] / name).read_bytes()
+            assert a == (tmp_path / "ray" / record["dir"] / name).read_bytes(), f"{record['dir']}/{name}"
+        assert record["tokens"] <= SHARD_TOKENS  # each task got one shard's tokens
+    assert (tmp_path / "local" / NGRAM).read_bytes() == (tmp_path / "ray" / NGRAM).read_bytes()
+    assert remote["stats"]["engine"] == "ray (2 workers)" and sorted(os.listdir(tmp_path)) == ["local", "ray"]
+    assert len(open_datastore(tmp_path / "ray").shards) == len(local["shards"])

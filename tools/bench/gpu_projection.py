@@ -2,7 +2,7 @@
 
     python -m tools.bench.gpu_projection [--model smollm2-135m] [--workloads code_raw,grounded,chat]
         [--prompts 4] [--max-new-tokens 96] [--forward-ms 8,25] [--systems ours,suffix] [--fixed]
-        [--json PATH] [--markdown PATH]
+        [--sampling] [--json PATH] [--markdown PATH]
 
 A GPU runs one forward over a small batch's tree in about the same time for 1 or 64 nodes. So
 each system here runs the README call with ``draft_planner=`` a planner whose cost curve is flat
@@ -24,6 +24,9 @@ each learns from that workload's earlier prompts only. Outputs are checked again
 ``--fixed`` verifies fixed 64-node trees instead (the README call with ``adaptive_tree=False,
 tree_budget=64``: every step's tree holds the 64 most probable candidates, what the published
 training-free methods compare at on a GPU), for accepted tokens per step at that size.
+``--sampling`` samples at temperature 0.7, top-p 0.9 (``SAMPLING``, seeded per call) instead of
+greedy: the same trees verified by lossless speculative sampling, so MAT is what sampling keeps;
+outputs are then not compared (a sample is not HF's sample; the distribution tests check them).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from tools.diagnostics.replay import UnobservedCost
 from tools.diagnostics.step_profile import plain_host_ms
 
 FLAT_NODES = 64
+SAMPLING = {"do_sample": True, "temperature": 0.7, "top_p": 0.9}
 
 
 def flat_planner(forward_s: float) -> TreePlanner:
@@ -59,16 +63,18 @@ def flat_planner(forward_s: float) -> TreePlanner:
 
 
 def run_system(model, prompts: list[torch.Tensor], max_new_tokens: int, drafters, forward_s: float,
-               fixed: bool = False) -> dict:
+               fixed: bool = False, sampling: bool = False) -> dict:
     """The README call with a flat-cost planner (``fixed``: fixed ``FLAT_NODES``-node trees) over
-    ``prompts`` on one handle; totals and outputs."""
+    ``prompts`` on one handle, greedy or (``sampling``) with ``SAMPLING`` seeded per call; totals and outputs."""
     trees = ({"adaptive_tree": False, "tree_budget": FLAT_NODES} if fixed
              else {"draft_planner": flat_planner(forward_s)})
     total, outputs = DecodeStats(), []
     for ids in prompts:
         stats = DecodeStats()
         extra = {"drafters": drafters} if drafters is not None else {}
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+        extra.update(SAMPLING if sampling else {"do_sample": False})
+        torch.manual_seed(0)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                              custom_generate=retrieval_draft.generate, draft_stats=stats, **trees, **extra)
         outputs.append(out)
         for name in ("forwards", "steps", "step_tokens", "tree_nodes", "readout_s", "draft_s", "plan_s", "pack_s",
@@ -93,7 +99,7 @@ def project(row: dict, hf_host_ms: float, forward_ms: list[float]) -> dict:
 
 
 def measure(session, workloads: dict, max_new_tokens: int, forward_ms: list[float], systems: list[str],
-            fixed: bool = False) -> dict:
+            fixed: bool = False, sampling: bool = False) -> dict:
     """Per workload: HF's host ms per token, and per system (``ours``, ``suffix``) its figures and projections."""
     table = {}
     suffix_class = peers.suffix_cache_class() if "suffix" in systems else None
@@ -107,8 +113,9 @@ def measure(session, workloads: dict, max_new_tokens: int, forward_ms: list[floa
         for system in systems:
             drafters = [peers.SuffixDecodingDrafter(suffix_class)] if system == "suffix" else None
             handle = copy.copy(session.model)  # its own plugin memory (history, rates), as tools.bench keeps it
-            row = run_system(handle, prompts, max_new_tokens, drafters, forward_ms[0] / 1000, fixed)
-            row["identical"] = all(torch.equal(a, b) for a, b in zip(row.pop("outputs"), plain))
+            row = run_system(handle, prompts, max_new_tokens, drafters, forward_ms[0] / 1000, fixed, sampling)
+            outputs = row.pop("outputs")
+            row["identical"] = None if sampling else all(torch.equal(a, b) for a, b in zip(outputs, plain))
             row.update(project(row, hf_host, forward_ms))
             rows[system] = row
         if {"ours", "suffix"} <= set(rows):
@@ -129,7 +136,7 @@ def markdown(table: dict, forward_ms: list[float]) -> str:
             r = entry["systems"][system]
             lines.append(f"| {name} | {system} | {r['mat']:.2f} | {r['nodes_per_step']:.1f} | {r['host_ms']:.2f} | "
                          f"{r['host_without_readout_ms']:.2f} | {entry['hf_host_ms']:.2f} | "
-                         + " | ".join(f"{r[k]:.2f}x" for k in keys) + f" | {'yes' if r['identical'] else 'NO'} |")
+                         + " | ".join(f"{r[k]:.2f}x" for k in keys) + f" | {_identical(r['identical'])} |")
         ratio = entry["systems"].get("ours_over_suffix")
         if ratio:
             lines.append(f"| {name} | ours / suffix | | | | | | " + " | ".join(f"{ratio[k]:.2f}x" for k in keys) + " | |")
@@ -141,6 +148,10 @@ def markdown(table: dict, forward_ms: list[float]) -> str:
     return "\n".join(lines)
 
 
+def _identical(identical: bool | None) -> str:
+    return "n/a (sampling)" if identical is None else ("yes" if identical else "NO")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="local model or a name of the benchmark's (default SmolLM2-135M)")
@@ -150,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--forward-ms", default="8,25", help="forward times T to project for, ms (the first sizes the planner)")
     p.add_argument("--systems", default="ours,suffix", help="comma list of ours, suffix")
     p.add_argument("--fixed", action="store_true", help="verify fixed 64-node trees (adaptive_tree=False, tree_budget=64)")
+    p.add_argument("--sampling", action="store_true", help="sample at temperature 0.7, top-p 0.9 instead of greedy")
     p.add_argument("--json")
     p.add_argument("--markdown")
     args = p.parse_args(argv)
@@ -168,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(2)
     session = load_session(args.model)
     workloads = build_workloads(names, args.prompts, seed=0, tokenizer=session.tokenizer)
-    table = measure(session, workloads, args.max_new_tokens, forward_ms, systems, args.fixed)
+    table = measure(session, workloads, args.max_new_tokens, forward_ms, systems, args.fixed, args.sampling)
     report = markdown(table, forward_ms)
     print(report)
     command = " ".join(["python -m tools.bench.gpu_projection", *(argv if argv is not None else sys.argv[1:])])
