@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import numba
@@ -24,8 +25,15 @@ torch.set_num_threads(1)
 # torch's one thread, slowing every later forward of the tiny models several-fold.
 numba.set_num_threads(1)
 
-# Measured cost curves go to a cache of this test run's own, never the user's.
-os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="retrieval-draft-test-cache-")
+# Measured cost curves, kept GGUF conversions and the rest go to a cache of this test run's own,
+# never the user's: one folder for the run, made by the first process that loads this file (the one
+# pytest process, or xdist's controller before it starts the workers, which inherit it, as do the
+# subprocesses tests start), so each model is converted and each cost curve measured once per run.
+# The process that made it deletes it at the end (``pytest_unconfigure``).
+RUN_CACHE = "RETRIEVAL_DRAFT_TEST_RUN_CACHE"  # "pid:path" of the run's cache and its maker
+if RUN_CACHE not in os.environ:
+    os.environ[RUN_CACHE] = f"{os.getpid()}:{tempfile.mkdtemp(prefix='retrieval-draft-test-cache-')}"
+os.environ[CACHE_ENV] = os.environ[RUN_CACHE].split(":", 1)[1]
 
 
 def make_tiny_llama(seed: int = 0, vocab_size: int = TINY_VOCAB, attn: str = "sdpa") -> LlamaForCausalLM:
@@ -80,12 +88,19 @@ class RandomDrafter(Drafter):
 # ``make test`` runs each test module on one worker (``--dist loadfile``: module fixtures such as a
 # loaded model or a Ray runtime are set up once) in collection order. Starting the longest modules
 # first lets the workers finish together. Worker-seconds each took in a run on 2 cores
-# (``pytest --durations=0``, 2026-11-25); the order only moves time, it changes no test.
+# (``pytest --durations=0``, 2026-11-25, second session); the order only moves time, it changes no test.
 LONGEST_MODULES = {
-    "test_real_model": 215, "test_datastore_ray": 120, "test_bench_quick": 110, "test_real_gemma": 106,
-    "test_sampling_distribution": 70, "test_datastore_kernels": 32, "test_batch_sampling": 19,
-    "test_datastore_build": 19, "test_bench_calls": 13, "test_bad_input": 12, "test_gpu_check_tool": 10,
+    "test_datastore_ray": 164, "test_real_model": 157, "test_sampling_distribution": 137, "test_real_gemma": 133,
+    "test_bench_quick": 120, "test_batch_sampling": 36, "test_model_coverage": 22, "test_gpu_check_tool": 12,
+    "test_bench_calls": 12, "test_bad_input": 11, "test_datastore_format": 7, "test_batch_greedy": 7,
 }
+
+
+def pytest_unconfigure(config):
+    """The process that made the run's cache removes it (GGUF conversions: 0.5 GB for SmolLM2-135M)."""
+    maker, path = os.environ[RUN_CACHE].split(":", 1)
+    if maker == str(os.getpid()):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(session, config, items):
