@@ -107,8 +107,9 @@ def measure(session, workloads: dict, max_new_tokens: int, forward_ms: list[floa
         prompts = [encode(session, p) for p in group]
         started = time.perf_counter()
         hf_host, _ = plain_host_ms(session.model, prompts, max_new_tokens)
-        plain = [session.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                        do_sample=False) for ids in prompts]
+        plain = [] if sampling else [  # what greedy outputs must equal (a sample is compared with nothing)
+            session.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                   do_sample=False) for ids in prompts]
         rows = {}
         for system in systems:
             drafters = [peers.SuffixDecodingDrafter(suffix_class)] if system == "suffix" else None
