@@ -4,22 +4,38 @@ Drafters propose token continuations (prompt lookup, an n-gram table, a
 suffix index); the target model verifies a whole tree of them in one forward
 pass. Greedy output is token-identical to the model alone; sampling keeps the
 model's distribution.
+
+The names below are imported on first use (PEP 562), so a process that reads
+or builds a datastore (``retrieval_draft.store``, the builder, its Ray
+workers) does not import torch and transformers (about 6 s on 2 cores).
 """
 
-from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
-from retrieval_draft.decode.stats import DecodeStats
-from retrieval_draft.errors import RetrievalDraftError
-from retrieval_draft.hf import generate, open_datastore
-from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
+from __future__ import annotations
 
-__all__ = (
-    "DecodeOptions",
-    "DecodeStats",
-    "PROCESS_MEMORY",
-    "PluginMemory",
-    "RetrievalDraftError",
-    "generate",
-    "open_datastore",
-    "speculative_decode",
+import importlib
+
+_EXPORTS = (  # (public name, the module that defines it)
+    ("DecodeOptions", "retrieval_draft.decode.engine"),
+    ("speculative_decode", "retrieval_draft.decode.engine"),
+    ("DecodeStats", "retrieval_draft.decode.stats"),
+    ("RetrievalDraftError", "retrieval_draft.errors"),
+    ("generate", "retrieval_draft.hf"),
+    ("open_datastore", "retrieval_draft.hf"),
+    ("PROCESS_MEMORY", "retrieval_draft.memory"),
+    ("PluginMemory", "retrieval_draft.memory"),
 )
+
+__all__ = tuple(sorted(name for name, _ in _EXPORTS))
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """The public name ``name``, imported from its module (Python keeps the module after the first time)."""
+    for public, module in _EXPORTS:
+        if public == name:
+            return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module 'retrieval_draft' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -143,11 +143,10 @@ def load_session(model_path: str | None = None, datastore_path: str | Sequence[s
     """Load model and tokenizer (default SmolLM2-135M) and, optionally, datastores to draft from
     (one path or a list; bad paths are refused before the model loads)."""
     from retrieval_draft.drafters.datastore import store_specs
-    from retrieval_draft.model.models import load_model, load_tokenizer
+    from retrieval_draft.model.models import load_model_and_tokenizer
 
     specs = store_specs(datastore_path) if datastore_path is not None else []
-    tokenizer = load_tokenizer(model_path)
-    model = load_model(model_path)
+    model, tokenizer = load_model_and_tokenizer(model_path)
     stores: tuple[Datastore, ...] = ()
     if specs:
         from retrieval_draft.drafters.datastore import open_checked_stores

@@ -19,7 +19,7 @@ from retrieval_draft.drafters.base import Drafter
 TINY_VOCAB = 320
 
 # Tiny models run fastest on one thread (thread start-up dominates their
-# matmuls); tests on the real model raise this in their own fixture.
+# matmuls); tests on the real model raise this to their share of the cores (``real_model_threads``).
 torch.set_num_threads(1)
 # Numba's parallel kernels (the skinny matmul) would otherwise keep a worker spinning beside
 # torch's one thread, slowing every later forward of the tiny models several-fold.
@@ -34,6 +34,13 @@ RUN_CACHE = "RETRIEVAL_DRAFT_TEST_RUN_CACHE"  # "pid:path" of the run's cache an
 if RUN_CACHE not in os.environ:
     os.environ[RUN_CACHE] = f"{os.getpid()}:{tempfile.mkdtemp(prefix='retrieval-draft-test-cache-')}"
 os.environ[CACHE_ENV] = os.environ[RUN_CACHE].split(":", 1)[1]
+
+# Threads for a test that runs a real model: the machine's cores shared among the xdist workers
+# (``make test`` runs one per core). More would put several OpenMP threads on each core, and a
+# spinning OpenMP thread waits for a core the other worker holds (a forward pass several times
+# slower). Subprocesses that tests start (the CLI, the benchmark) inherit the same count.
+WORKER_THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+os.environ.setdefault("OMP_NUM_THREADS", str(WORKER_THREADS))
 
 
 def make_tiny_llama(seed: int = 0, vocab_size: int = TINY_VOCAB, attn: str = "sdpa") -> LlamaForCausalLM:
@@ -56,6 +63,15 @@ def make_tiny_llama(seed: int = 0, vocab_size: int = TINY_VOCAB, attn: str = "sd
     model.generation_config.eos_token_id = 2
     model.generation_config.pad_token_id = 0
     return model
+
+
+@pytest.fixture(scope="module")
+def real_model_threads():
+    """torch runs on ``WORKER_THREADS`` threads in the module that asks (its real-model tests)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(WORKER_THREADS)
+    yield WORKER_THREADS
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
@@ -88,11 +104,11 @@ class RandomDrafter(Drafter):
 # ``make test`` runs each test module on one worker (``--dist loadfile``: module fixtures such as a
 # loaded model or a Ray runtime are set up once) in collection order. Starting the longest modules
 # first lets the workers finish together. Worker-seconds each took in a run on 2 cores
-# (``pytest --durations=0``, 2026-11-25, second session); the order only moves time, it changes no test.
+# (``pytest --durations=0``, 2026-11-25, third session); the order only moves time, it changes no test.
 LONGEST_MODULES = {
-    "test_datastore_ray": 164, "test_real_model": 157, "test_sampling_distribution": 137, "test_real_gemma": 133,
-    "test_bench_quick": 120, "test_batch_sampling": 36, "test_model_coverage": 22, "test_gpu_check_tool": 12,
-    "test_bench_calls": 12, "test_bad_input": 11, "test_datastore_format": 7, "test_batch_greedy": 7,
+    "test_real_model": 185, "test_sampling_distribution": 178, "test_bench_quick": 100, "test_real_gemma": 100,
+    "test_batch_sampling": 48, "test_datastore_ray": 44, "test_model_coverage": 36, "test_bad_input": 20,
+    "test_bench_calls": 19, "test_gpu_check_tool": 19, "test_batch_greedy": 15, "test_datastore_format": 8,
 }
 
 

@@ -160,12 +160,12 @@ def equality(device: torch.device, archs: list[str], dtypes: list[str], real, pr
 def load_real(path: str | None):
     """(model, tokenizer) of the real model, or a string saying why it is skipped."""
     from retrieval_draft.errors import ModelLoadError
-    from retrieval_draft.model.models import load_model, load_tokenizer
+    from retrieval_draft.model.models import load_model_and_tokenizer
 
     if path == "none":
         return "not asked for (--model none)"
     try:
-        return load_model(path), load_tokenizer(path)
+        return load_model_and_tokenizer(path)
     except (ModelLoadError, ImportError) as error:
         return f"{type(error).__name__}: {error}"
 

@@ -2,8 +2,10 @@
 
 transformers reads a GGUF file's metadata once for the config, once for the
 tokenizer and once for the weights, item by item (SmolLM2-135M's 49k-token
-vocabulary: about 4 s each on 2 CPU cores), and builds a tensor-name map per
-tensor (about 5 s): a 15 s load for a 100 MB file, in every process. The first
+vocabulary: about 5 s each on 2 CPU cores; Gemma-3-270M's 262k tokens: about
+20 s each), and builds a tensor-name map per tensor (about 5 s): a 15 s load
+for a 100 MB file, in every process. While a file is converted, those reads
+share one parse (``one_parse``). The first
 load of a GGUF file keeps what transformers made of it, the float32 model
 (config, generation config, safetensors) and the fast tokenizer, in
 ``<cache>/gguf-converted/<key>/model/`` and ``.../tokenizer/``; later loads
@@ -24,6 +26,8 @@ import copy
 import hashlib
 import os
 import shutil
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -32,6 +36,35 @@ from retrieval_draft.atomic import fsync_path, temp_dir_next_to
 from retrieval_draft.cache_dir import cache_root
 
 PARTS = ("model", "tokenizer")
+CONVERSION_LOCK = threading.Lock()  # one conversion at a time in a process: ``one_parse`` swaps a name
+
+
+@contextmanager
+def one_parse(gguf: str):
+    """Within the block, every ``gguf.GGUFReader(gguf)`` that transformers makes (config, tokenizer,
+    weights: it imports the class at each call) is one reader, parsed once; other files get their
+    own. The reader only reads (a read-only memory map), so sharing it changes nothing that is loaded
+    (``tests/plugin/test_real_model.py`` compares a kept copy with transformers' own load).
+    Holds ``CONVERSION_LOCK``; the class is put back on the way out."""
+    import gguf as gguf_package
+
+    target = os.path.realpath(gguf)
+    with CONVERSION_LOCK:
+        reader_class = gguf_package.GGUFReader
+        parsed = []
+
+        def reader(path, *args, **kwargs):
+            if args or kwargs or os.path.realpath(path) != target:
+                return reader_class(path, *args, **kwargs)
+            if not parsed:
+                parsed.append(reader_class(path))
+            return parsed[0]
+
+        gguf_package.GGUFReader = reader
+        try:
+            yield
+        finally:
+            gguf_package.GGUFReader = reader_class
 
 
 def converted_part(gguf: str, part: str) -> Path | None:

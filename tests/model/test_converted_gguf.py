@@ -63,3 +63,36 @@ def test_an_unknown_part_is_refused(gguf):
     with pytest.raises(ValueError, match="part must be one of"):
         converted_part(gguf, "weights")
     assert os.path.exists(gguf)
+
+
+def _tiny_gguf(path) -> str:
+    """A valid GGUF file holding one metadata string and one tensor."""
+    import gguf as gguf_package
+    import numpy as np
+
+    writer = gguf_package.GGUFWriter(str(path), "llama")
+    writer.add_string("general.name", "tiny")
+    writer.add_tensor("weight", np.arange(4, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def test_one_parse_gives_every_reader_of_the_file_the_same_parse_and_puts_the_class_back(tmp_path):
+    import gguf as gguf_package
+
+    from retrieval_draft.model.converted_gguf import one_parse
+
+    file, other = _tiny_gguf(tmp_path / "a.gguf"), _tiny_gguf(tmp_path / "b.gguf")
+    reader_class = gguf_package.GGUFReader
+    with one_parse(file):
+        first = gguf_package.GGUFReader(file)
+        assert gguf_package.GGUFReader(os.path.relpath(file)) is first  # the same file by another name
+        assert gguf_package.GGUFReader(other) is not first
+        assert first.fields["general.name"].contents() == "tiny"
+    assert gguf_package.GGUFReader is reader_class
+    with pytest.raises(RuntimeError), one_parse(file):
+        raise RuntimeError("a failed load")
+    assert gguf_package.GGUFReader is reader_class

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import retrieval_draft
-from retrieval_draft.model.models import load_model, load_tokenizer
+from retrieval_draft.model.models import load_model_and_tokenizer
 
 pytestmark = pytest.mark.real_model
 
@@ -17,11 +17,8 @@ STUB = 'def median(values):\n    """Return the median of a non-empty list of num
 
 
 @pytest.fixture(scope="module")
-def gemma():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield load_model("gemma3-270m"), load_tokenizer("gemma3-270m")
-    torch.set_num_threads(threads)
+def gemma(real_model_threads):
+    return load_model_and_tokenizer("gemma3-270m")
 
 
 def _long_prompt(tokenizer) -> torch.Tensor:

@@ -22,11 +22,8 @@ EDIT = (
 
 
 @pytest.fixture(scope="module")
-def session():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield load_session()
-    torch.set_num_threads(threads)
+def session(real_model_threads):
+    return load_session()
 
 
 @pytest.mark.parametrize(
@@ -149,31 +146,38 @@ def test_datastore_drafts_keep_output_identical_and_get_accepted(session, stdlib
     assert stats.steps > 0 and stats.new_tokens == expected.shape[1] - ids.shape[1]
 
 
-def test_cli_generate_with_a_datastore_reports_identical_output(stdlib_store):
-    result = subprocess.run(
-        [sys.executable, "-m", "retrieval_draft_datastore.cli", "generate", "--prompt", CODE, "--max-new-tokens", "24",
-         "--compare", "--datastore", stdlib_store, "--drafters", "ngram,suffix"],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "identical: yes" in result.stdout
+def _cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``retrieval-draft ARGV`` run in this process: the command line's
+    own ``main``; ``test_cli_compare_reports_identical_output`` runs it as a new process."""
+    from retrieval_draft_datastore.cli import main
+
+    capsys.readouterr()
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-def test_cli_history_file_grows_across_runs_and_a_corrupt_one_is_refused(tmp_path):
+def test_cli_generate_with_a_datastore_reports_identical_output(stdlib_store, capsys):
+    code, out, err = _cli(["generate", "--prompt", CODE, "--max-new-tokens", "24", "--compare", "--datastore",
+                           stdlib_store, "--drafters", "ngram,suffix"], capsys)
+    assert code == 0, err
+    assert "identical: yes" in out
+
+
+def test_cli_history_file_grows_across_runs_and_a_corrupt_one_is_refused(tmp_path, capsys):
     from retrieval_draft.drafters.history import HistoryDrafter
 
     history = tmp_path / "history.npz"
-    command = [sys.executable, "-m", "retrieval_draft_datastore.cli", "generate", "--prompt", CODE, "--max-new-tokens", "16",
-               "--compare", "--history", str(history)]
+    argv = ["generate", "--prompt", CODE, "--max-new-tokens", "16", "--compare", "--history", str(history)]
     sizes = []
     for _ in range(2):
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr
-        assert "identical: yes" in result.stdout
+        code, out, err = _cli(argv, capsys)
+        assert code == 0, err
+        assert "identical: yes" in out
         sizes.append(HistoryDrafter.load(history).size)
     assert 0 < sizes[0] < sizes[1]  # the second run appended its prompt and output
     history.write_bytes(history.read_bytes()[:100])
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 2
-    assert "not a readable history file" in result.stderr
-    assert "loaded model" not in result.stderr  # refused before the model loads
+    code, _, err = _cli(argv, capsys)
+    assert code == 2
+    assert "not a readable history file" in err
+    assert "loaded model" not in err  # refused before the model loads

@@ -1,4 +1,4 @@
-"""The benchmark harness runs end to end in quick mode (SmolLM2-135M, about a minute idle).
+"""The benchmark harness runs end to end in quick mode (SmolLM2-135M, 16 new tokens, under a minute idle).
 
 Runs ``python -m tools.bench --quick`` as a subprocess, as a user would, and checks
 its JSON: every workload and system is there (the datastore README call
@@ -33,12 +33,13 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def quick_result(tmp_path_factory) -> tuple[dict, Path, str]:
+def quick_result(tmp_path_factory, real_model_threads) -> tuple[dict, Path, str]:
     """(JSON result, PNG path, stdout) of one quick benchmark run."""
     out = tmp_path_factory.mktemp("bench")
     json_path, png_path = out / "quick.json", out / "quick.png"
-    command = [sys.executable, "-m", "tools.bench", "--quick", "--json", str(json_path), "--png", str(png_path)]
-    # About a minute on an idle 2-core machine; generous limit for a busy one.
+    command = [sys.executable, "-m", "tools.bench", "--quick", "--json", str(json_path), "--png", str(png_path),
+               "--threads", str(real_model_threads), "--max-new-tokens", "16"]
+    # Under a minute on an idle 2-core machine; generous limit for a busy one.
     # Passive OpenMP waiting: on a machine shared with other jobs, spinning threads
     # make every forward pass many times slower (this test checks sanity, not speed).
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
@@ -115,7 +116,7 @@ def test_report_puts_fresh_process_rows_beside_the_speedups(quick_result, tmp_pa
     assert (tmp_path / "fresh.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_fresh_process_first_call_on_smollm2():
+def test_fresh_process_first_call_on_smollm2(real_model_threads):
     """Both fresh processes load SmolLM2 and time 8 tokens; their outputs are identical."""
     import argparse
 
@@ -127,8 +128,8 @@ def test_fresh_process_first_call_on_smollm2():
 
     prompt = BenchPrompt("code_raw", "fib", "def fibonacci(n):\n", False)
     ids = torch.tensor([load_tokenizer()(prompt.text)["input_ids"]])
-    args = argparse.Namespace(max_new_tokens=8, model=None, threads=2, sampling=False, temperature=0.7, seed=0,
-                              datastore=None)
+    args = argparse.Namespace(max_new_tokens=8, model=None, threads=real_model_threads, sampling=False,
+                              temperature=0.7, seed=0, datastore=None)
     (row,) = fresh_process_rows(args, [prompt], [ids], log=lambda line: None)
     assert row["identical"] is True and row["ratio"] > 0, row
     assert row["ours"]["new_tokens"] == row["hf"]["new_tokens"] == 8

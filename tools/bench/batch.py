@@ -34,7 +34,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 import retrieval_draft
-from retrieval_draft.model.models import load_model, load_tokenizer
+from retrieval_draft.model.models import load_model_and_tokenizer
 from tools.bench.report import load_average, machine_info, write_results
 from tools.bench.workloads import build_workloads
 
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     sizes = [int(b) for b in args.batches.split(",")]
-    model, tokenizer = load_model(), load_tokenizer()
+    model, tokenizer = load_model_and_tokenizer()
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     eos = {int(model.generation_config.eos_token_id)} if isinstance(model.generation_config.eos_token_id, int) else set(model.generation_config.eos_token_id or [])

@@ -5,7 +5,7 @@
                                [--prompt TEXT [--chat]]        (else JSON {"input_ids": [...]} on stdin)
 
 Imports torch, transformers and retrieval_draft, loads the model and tokenizer
-(``retrieval_draft.model.models.load_model`` / ``load_tokenizer``, default SmolLM2-135M),
+(``retrieval_draft.model.models.load_model_and_tokenizer``, default SmolLM2-135M),
 then times the process's first ``generate`` call, to the last token:
 
 - ``ours``: ``model.generate(**inputs, max_new_tokens=N, custom_generate=retrieval_draft.generate)``,
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     import retrieval_draft
-    from retrieval_draft.model.models import load_model, load_tokenizer
+    from retrieval_draft.model.models import load_model_and_tokenizer
 
     import_s = time.perf_counter() - started
     transformers.utils.logging.set_verbosity_error()
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    model, tokenizer = load_model(args.model), load_tokenizer(args.model)
+    model, tokenizer = load_model_and_tokenizer(args.model)
     load_s = time.perf_counter() - started
     ids = torch.tensor([prompt_ids(args, tokenizer)], dtype=torch.long)
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}

@@ -197,12 +197,12 @@ def main(argv=None) -> int:
     import sys
 
     from retrieval_draft.session import Session
-    from retrieval_draft.model.models import load_model, load_tokenizer
+    from retrieval_draft.model.models import load_model_and_tokenizer
 
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
-    model, tokenizer = load_model(), load_tokenizer()
+    model, tokenizer = load_model_and_tokenizer()
     session = Session(model, tokenizer)
     layers = len(model.model.layers)
     total = args.search_prompts + args.eval_prompts
