@@ -38,9 +38,11 @@ os.environ[CACHE_ENV] = os.environ[RUN_CACHE].split(":", 1)[1]
 # Threads for a test that runs a real model: the machine's cores shared among the xdist workers
 # (``make test`` runs one per core). More would put several OpenMP threads on each core, and a
 # spinning OpenMP thread waits for a core the other worker holds (a forward pass several times
-# slower). Subprocesses that tests start (the CLI, the benchmark) inherit the same count.
+# slower). Subprocesses that an xdist worker's tests start (the CLI, the benchmark) get the same count
+# (set in the worker: the controller's environment, which the workers inherit, is left alone).
 WORKER_THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-os.environ.setdefault("OMP_NUM_THREADS", str(WORKER_THREADS))
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
 
 
 def make_tiny_llama(seed: int = 0, vocab_size: int = TINY_VOCAB, attn: str = "sdpa") -> LlamaForCausalLM:
