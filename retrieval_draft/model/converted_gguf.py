@@ -51,14 +51,15 @@ def one_parse(gguf: str):
     target = os.path.realpath(gguf)
     with CONVERSION_LOCK:
         reader_class = gguf_package.GGUFReader
-        parsed = []
+        parsed = None
 
         def reader(path, *args, **kwargs):
+            nonlocal parsed
             if args or kwargs or os.path.realpath(path) != target:
                 return reader_class(path, *args, **kwargs)
-            if not parsed:
-                parsed.append(reader_class(path))
-            return parsed[0]
+            if parsed is None:
+                parsed = reader_class(path)
+            return parsed
 
         gguf_package.GGUFReader = reader
         try:

@@ -96,36 +96,48 @@ def _split(path: str | None) -> tuple[str, dict]:
 
 def load_tokenizer(path: str | None = None):
     """The fast tokenizer of a local model or tokenizer directory, or a GGUF file (default model when None)."""
-    folder, extra, gguf, _ = _converted(path, "tokenizer")
-    with _parsing(gguf):
-        return _tokenizer(path, folder, extra, gguf)
+    (tokenizer,) = _load(path, ("tokenizer",))
+    return tokenizer
 
 
 def load_model(path: str | None = None, attn_implementation: str = "sdpa"):
     """A causal LM in float32 on CPU, in eval mode (default model when None)."""
-    folder, extra, gguf, origin = _converted(path, "model")
-    with _parsing(gguf):
-        return _model(path, folder, extra, gguf, origin, attn_implementation)
+    (model,) = _load(path, ("model",), attn_implementation)
+    return model
 
 
 def load_model_and_tokenizer(path: str | None = None, attn_implementation: str = "sdpa"):
     """(``load_model(path)``, ``load_tokenizer(path)``); a GGUF file converted by this call is
     parsed once for both (Gemma-3-270M's first load: 98 s as two calls, three parses)."""
-    t_folder, t_extra, t_gguf, _ = _converted(path, "tokenizer")
-    m_folder, m_extra, m_gguf, origin = _converted(path, "model")
-    with _parsing(m_gguf or t_gguf):
-        tokenizer = _tokenizer(path, t_folder, t_extra, t_gguf)
-        model = _model(path, m_folder, m_extra, m_gguf, origin, attn_implementation)
+    tokenizer, model = _load(path, ("tokenizer", "model"), attn_implementation)
     return model, tokenizer
 
 
-def _parsing(gguf: str | None):
-    """``one_parse(gguf)`` while a GGUF file is converted, else nothing."""
-    return one_parse(gguf) if gguf is not None else contextlib.nullcontext()
+def _load(path: str | None, parts: tuple[str, ...], attn_implementation: str = "sdpa") -> tuple:
+    """Each of ``parts`` ("tokenizer", "model") of the model at ``path``, in that order: a GGUF
+    file's kept part where there is one (``converted_gguf``), else loaded from the file, and kept;
+    the parts loaded from a GGUF file share one parse of it (``one_parse``)."""
+    folder, extra = _split(path)
+    gguf = os.path.join(folder, extra["gguf_file"]) if "gguf_file" in extra else None
+    sources = [_source(folder, extra, gguf, part) for part in parts]
+    converting = any(keep is not None for _, _, keep in sources)
+    with one_parse(gguf) if converting else contextlib.nullcontext():
+        return tuple(
+            _tokenizer(path, where, kwargs, keep) if part == "tokenizer"
+            else _model(path, where, kwargs, keep, folder, attn_implementation)
+            for part, (where, kwargs, keep) in zip(parts, sources)
+        )
+
+
+def _source(folder: str, extra: dict, gguf: str | None, part: str) -> tuple[str, dict, str | None]:
+    """(directory to load ``part`` from, extra from_pretrained kwargs, the GGUF file to keep ``part``
+    of once loaded or None): the kept ``part`` of ``gguf`` when there is one, else the model's own."""
+    kept = converted_part(gguf, part) if gguf is not None else None
+    return (str(kept), {}, None) if kept is not None else (folder, extra, gguf)
 
 
 def _tokenizer(path, folder: str, extra: dict, gguf: str | None):
-    """The fast tokenizer at ``folder`` (``_converted``'s answer), kept when read from a GGUF file."""
+    """The fast tokenizer at ``folder`` (``_source``'s answer), kept when read from a GGUF file."""
     from transformers import AutoTokenizer
 
     try:
@@ -140,7 +152,7 @@ def _tokenizer(path, folder: str, extra: dict, gguf: str | None):
 
 
 def _model(path, folder: str, extra: dict, gguf: str | None, origin: str, attn_implementation: str):
-    """The float32 causal LM at ``folder`` (``_converted``'s answer), kept when read from a GGUF file."""
+    """The float32 causal LM at ``folder`` (``_source``'s answer), kept when read from a GGUF file."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -158,15 +170,3 @@ def _model(path, folder: str, extra: dict, gguf: str | None, origin: str, attn_i
         keep_part(gguf, "model", model)
     model.config._name_or_path = model.name_or_path = origin  # a kept copy answers to its GGUF file's folder
     return model.eval()
-
-
-def _converted(path: str | None, part: str) -> tuple[str, dict, str | None, str]:
-    """(directory to load ``part`` from, extra from_pretrained kwargs, the GGUF file to keep
-    ``part`` of once loaded or None, the model's own directory): a GGUF file's kept ``part``
-    when there is one (``converted_gguf``), else what ``_split`` gives."""
-    folder, extra = _split(path)
-    if "gguf_file" not in extra:
-        return folder, extra, None, folder
-    gguf = os.path.join(folder, extra["gguf_file"])
-    kept = converted_part(gguf, part)
-    return (str(kept), {}, None, folder) if kept is not None else (folder, extra, gguf, folder)

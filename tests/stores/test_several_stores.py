@@ -167,8 +167,8 @@ def test_the_cli_refuses_a_missing_second_store_in_one_line_before_loading_a_mod
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(retrieval_draft.model.models, "load_model", no_loading)
-    monkeypatch.setattr(retrieval_draft.model.models, "load_tokenizer", no_loading)
+    for name in ("load_model", "load_tokenizer", "load_model_and_tokenizer"):
+        monkeypatch.setattr(retrieval_draft.model.models, name, no_loading)
     missing = tmp_path / "nothing"
     code = cli_main(["generate", "--prompt", "x", "--datastore", str(stores[0]), "--datastore", str(missing)])
     err = capsys.readouterr().err
