@@ -89,7 +89,7 @@ def scan_order(tokens, sa, lcp, svl, n, top_k, min_count, ctx, nxt, cnt, tot, fi
     buf_tok = np.zeros(top_k, np.int64)
     buf_cnt = np.zeros(top_k, np.int64)
     rows = 0
-    j = 0
+    j = np.int64(0)  # not a literal: _top_runs compiles once
     size = sa.size
     while j < size:
         if svl[j] < n:
@@ -141,9 +141,9 @@ def prefix_ranges(lcp, svl, depth, min_count, lo, hi, dep, fill) -> int:
 def count_ngrams(tokens, sa, lcp, svl, order, top_k, min_count):
     """The order-n table as numpy arrays (ctx (R, n), nxt (R, K), cnt (R, K) uint32, tot (R,) uint32):
     every context with >= ``min_count`` continuations."""
-    dummy2 = np.zeros((0, 0), np.int64)
-    dummy1 = np.zeros(0, np.int64)
-    rows = scan_order(tokens, sa, lcp, svl, order, top_k, min_count, dummy2, dummy2, dummy2, dummy1, False)
+    # The counting pass's empty outputs have the filling pass's dtypes: one compiled kernel serves both.
+    ids, counts = np.zeros((0, 0), tokens.dtype), np.zeros((0, 0), np.uint32)
+    rows = scan_order(tokens, sa, lcp, svl, order, top_k, min_count, ids, ids, counts, np.zeros(0, np.uint32), False)
     ctx = np.zeros((rows, order), tokens.dtype)
     nxt = np.zeros((rows, top_k), tokens.dtype)
     cnt = np.zeros((rows, top_k), np.uint32)
@@ -154,8 +154,8 @@ def count_ngrams(tokens, sa, lcp, svl, order, top_k, min_count):
 
 def trie_ranges(lcp, svl, depth, min_count):
     """Rows for the suffix trie: (lo (R,) uint32, hi (R,) uint32, dep (R,) uint8), keys sorted."""
-    dummy = np.zeros(0, np.int64)
-    rows = prefix_ranges(lcp, svl, depth, min_count, dummy, dummy, dummy, False)
+    ends = np.zeros(0, np.uint32)  # the counting pass's empty outputs, typed as the filling pass's
+    rows = prefix_ranges(lcp, svl, depth, min_count, ends, ends, np.zeros(0, np.uint8), False)
     lo = np.zeros(rows, np.uint32)
     hi = np.zeros(rows, np.uint32)
     dep = np.zeros(rows, np.uint8)

@@ -127,9 +127,9 @@ def _radix_order(keys, digit_bits):
 def _order_of(keys):
     """Indices sorting uint64 ``keys`` (m,) stably, by the method fastest at that length here."""
     if keys.size >= RADIX_RUN:
-        return _radix_order(keys, 16)
+        return _radix_order(keys, np.int64(16))  # np.int64: a bare constant would compile its own copy
     if keys.size >= BYTE_RADIX_RUN:
-        return _radix_order(keys, 8)
+        return _radix_order(keys, np.int64(8))
     return np.argsort(keys, kind="mergesort")
 
 
@@ -258,10 +258,11 @@ def _sort_windows(words, sa, bounds, plan, plan_starts, depth, w, bpt, sep, lcp,
             lo = np.empty(b - a, np.uint64)
             valid = np.empty(b - a, np.uint8)
             for i in range(b - a):
-                hi[i], lo[i], valid[i] = _window_pair(words, np.int64(pos[i]), 1, depth, w, bpt, sep)
+                hi[i], lo[i], valid[i] = _window_pair(words, np.int64(pos[i]), np.int64(1), depth, w, bpt, sep)
             stack = [(0, 0, 0)]
             stack.pop()
-            _order_window(pos, hi, lo, valid, 0, b - a, min(2 * w, depth - 1), stack, 1)
+            # np.int64 constants: Numba compiles a callee once more for each literal argument (12 s here)
+            _order_window(pos, hi, lo, valid, np.int64(0), b - a, min(2 * w, depth - 1), stack, np.int64(1))
             _prefix_stats(hi, lo, valid, w, bpt, lcp[a:b], svl[a:b])
             if deep:
                 _deeper_windows(words, pos, stack, depth, w, bpt, sep)

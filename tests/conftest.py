@@ -105,12 +105,13 @@ class RandomDrafter(Drafter):
 
 # ``make test`` runs each test module on one worker (``--dist loadfile``: module fixtures such as a
 # loaded model or a Ray runtime are set up once) in collection order. Starting the longest modules
-# first lets the workers finish together. Worker-seconds each took in a run on 2 cores
-# (``pytest --durations=0``, 2026-11-25, third session); the order only moves time, it changes no test.
+# first lets the workers finish together. Worker-seconds each took in a run on 2 cores with no compiled
+# kernels yet, as in a fresh clone (``pytest --durations=0``, 2026-11-25, fourth session); the order
+# only moves time, it changes no test.
 LONGEST_MODULES = {
-    "test_real_model": 185, "test_sampling_distribution": 178, "test_bench_quick": 100, "test_real_gemma": 100,
-    "test_batch_sampling": 48, "test_datastore_ray": 44, "test_model_coverage": 36, "test_bad_input": 20,
-    "test_bench_calls": 19, "test_gpu_check_tool": 19, "test_batch_greedy": 15, "test_datastore_format": 8,
+    "test_real_model": 210, "test_real_gemma": 112, "test_sampling_distribution": 111, "test_bench_quick": 95,
+    "test_datastore_ray": 64, "test_model_coverage": 39, "test_batch_sampling": 17, "test_datastore_format": 13,
+    "test_batch_greedy": 13, "test_gpu_check_tool": 12, "test_bad_input": 10, "test_engine_greedy": 7,
 }
 
 

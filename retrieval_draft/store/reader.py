@@ -25,6 +25,13 @@ from retrieval_draft.store.manifest import check_sizes, read_manifest, verify_fi
 from retrieval_draft.store.packed import max_position, packed_words, position_bits, unpack_positions
 from retrieval_draft.store.suffix_trie import key_width, load_trie
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """``array`` marked read-only, as the memory-mapped arrays it stands in for are: the query
+    kernels then compile once for both (Numba compiles a copy per writability)."""
+    array.flags.writeable = False
+    return array
+
+
 @dataclass(frozen=True)
 class NgramTable:
     """The Markov table, rows sorted by (order, context).
@@ -51,7 +58,7 @@ class NgramTable:
     total: np.ndarray
     min_count: int
     complete: bool
-    rare_filter: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    rare_filter: np.ndarray = field(default_factory=lambda: _read_only(np.zeros(0, np.uint64)))
     rare_offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def as_kernel_tuple(self) -> tuple:

@@ -64,10 +64,11 @@ def longest_match(store, query, lo, hi) -> int:
     """
     lo[:] = 0
     hi[:] = 0
-    best = _search_up(store, 0, query, 1, lo, hi)
+    one = np.int64(1)  # np.int64 constants: Numba compiles a callee once more per literal argument
+    best = _search_up(store, np.int64(0), query, one, lo, hi)
     for i in range(1, len(store[0])):
         if best == 0:
-            best = _search_up(store, i, query, 1, lo, hi)
+            best = _search_up(store, i, query, one, lo, hi)
             continue
         a, b = _shard_match(store, i, query, best)
         if b <= a:
@@ -129,7 +130,7 @@ def suffix_drafts(store, lo, hi, m, samples, branches, pseudo, out_tok, out_prob
     used = np.zeros(s, np.bool_)  # rows whose first token was already a branch
     n = 0
     while n < min(branches, out_tok.shape[0]):
-        first, count = _majority(cont, clen, ~used, 0)
+        first, count = _majority(cont, clen, ~used, np.int64(0))  # not a literal: one compiled copy
         if count == 0:
             break
         for k in range(s):
@@ -137,7 +138,7 @@ def suffix_drafts(store, lo, hi, m, samples, branches, pseudo, out_tok, out_prob
             used[k] = used[k] or active[k]
         out_tok[n, 0] = first
         out_prob[n, 0] = count / (s + pseudo)
-        depth = 1
+        depth = np.int64(1)
         while depth < max_len:
             tok, c = _majority(cont, clen, active, depth)
             if c == 0:

@@ -12,7 +12,10 @@ sampling applies, multiply the conditionals. Against it we compare
   the engine does) and only the sampler walk is repeated; and
 * the whole engine (``speculative_decode``: prefill, depth-2 tree steps,
   cache compaction, processors that read each node's prefix): 3,000
-  generations of four tokens.
+  generations of four tokens, run as batches of 50 rows of the same prompt.
+  Each row samples from its own stream (seeded from the call's generator,
+  ``engine._row_generator``, as a batch of one does), so the rows of a batch
+  are independent generations; batching only shares the forward passes.
 
 Each check asserts that the total variation distance (TV) between the
 empirical and the exact distribution stays under the bound of ``tv_bound``.
@@ -58,6 +61,7 @@ SAMPLES = 50_000  # sampler-only draws per setting
 CONTROL_SAMPLES = {"oracle": 10_000, "random": SAMPLES, "adversarial": 10_000}  # the control's, by kind of drafts
 ENGINE_RUNS = 3_000  # whole generations in the engine check
 ENGINE_CONTROL_RUNS = 1_000
+ENGINE_BATCH = 50  # generations per engine call (rows of one batch); divides both counts
 DELTA = 1e-6  # failure probability allowed to one correct check
 
 
@@ -403,13 +407,16 @@ class KnowingDrafter(Drafter):
 
 
 def engine_draws(model, runs: int, conditionals, menu: str = "knowing", steps: list | None = None) -> np.ndarray:
-    """``runs`` generations of ENGINE_HORIZON tokens each, shape (runs, ENGINE_HORIZON).
+    """``runs`` generations of ENGINE_HORIZON tokens each, shape (runs, ENGINE_HORIZON), made by
+    ``runs / ENGINE_BATCH`` engine calls on a batch of ENGINE_BATCH copies of the prompt.
 
     ``menu``: "knowing", "recycling" (a logits-recycling drafter whose table is
-    kept across the runs, as the plugin keeps it across calls) or both joined by
-    "+". ``steps``, when given, collects each run's (tree steps, tokens from them).
+    kept across the calls, as the plugin keeps it across calls, and shared by the
+    rows of a batch, as the plugin shares it) or both joined by "+". ``steps``,
+    when given, collects each call's (tree steps, tokens from them).
     """
-    prompt = torch.tensor([ENGINE_PROMPT])
+    assert runs % ENGINE_BATCH == 0
+    prompt = torch.tensor([ENGINE_PROMPT] * ENGINE_BATCH)
     generator = torch.Generator().manual_seed(5)
     drafters = []
     if "knowing" in menu:
@@ -419,11 +426,13 @@ def engine_draws(model, runs: int, conditionals, menu: str = "knowing", steps: l
     options = DecodeOptions(max_new_tokens=ENGINE_HORIZON, max_draft_len=2, do_sample=True)
     processor = engine_processor()
     out = np.empty((runs, ENGINE_HORIZON), dtype=np.int64)
-    for i in range(runs):
+    for start in range(0, runs, ENGINE_BATCH):
         planner = TreePlanner(tree_budget=8)
-        (out[i],), stats = speculative_decode(
-            TreeModel(model), prompt, [drafters], options, planner=planner, processor=processor, generator=generator
+        outputs, stats = speculative_decode(
+            TreeModel(model), prompt, [drafters] * ENGINE_BATCH, options, planner=planner, processor=processor,
+            generator=generator,
         )
+        out[start : start + ENGINE_BATCH] = np.stack(outputs)
         if steps is not None:
             steps.append((stats.steps, stats.step_tokens))
     return out

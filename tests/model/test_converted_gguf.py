@@ -80,19 +80,24 @@ def _tiny_gguf(path) -> str:
     return str(path)
 
 
-def test_one_parse_gives_every_reader_of_the_file_the_same_parse_and_puts_the_class_back(tmp_path):
+def test_one_parse_gives_every_reader_of_the_file_the_same_parse_and_puts_the_names_back(tmp_path):
     import gguf as gguf_package
 
     from retrieval_draft.model.converted_gguf import one_parse
 
     file, other = _tiny_gguf(tmp_path / "a.gguf"), _tiny_gguf(tmp_path / "b.gguf")
-    reader_class = gguf_package.GGUFReader
+    reader_class, name_map = gguf_package.GGUFReader, gguf_package.get_tensor_name_map
+    llama = gguf_package.MODEL_ARCH.LLAMA
     with one_parse(file):
         first = gguf_package.GGUFReader(file)
         assert gguf_package.GGUFReader(os.path.relpath(file)) is first  # the same file by another name
         assert gguf_package.GGUFReader(other) is not first
         assert first.fields["general.name"].contents() == "tiny"
-    assert gguf_package.GGUFReader is reader_class
+        table = gguf_package.get_tensor_name_map(llama, 2)
+        assert gguf_package.get_tensor_name_map(llama, 2) is table
+        assert gguf_package.get_tensor_name_map(llama, 3) is not table
+        assert table.mapping == name_map(llama, 2).mapping
+    assert (gguf_package.GGUFReader, gguf_package.get_tensor_name_map) == (reader_class, name_map)
     with pytest.raises(RuntimeError), one_parse(file):
         raise RuntimeError("a failed load")
-    assert gguf_package.GGUFReader is reader_class
+    assert (gguf_package.GGUFReader, gguf_package.get_tensor_name_map) == (reader_class, name_map)

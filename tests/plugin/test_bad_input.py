@@ -73,7 +73,10 @@ def test_cli_unknown_model_prints_one_line_and_exits_nonzero(tmp_path):
     assert result.stderr.strip().splitlines() == [f"error: model path not found: {tmp_path / 'missing'}"]
 
 
-def test_cli_empty_prompt_prints_one_line_and_exits_nonzero():
-    result = run_cli("generate", "--prompt", "   ")
-    assert result.returncode == 2
-    assert result.stderr.strip() == "error: the prompt is empty"
+def test_cli_empty_prompt_prints_one_line_and_exits_nonzero(capsys):
+    """The command line's own ``main`` in this process (the check above runs a new process)."""
+    from retrieval_draft_datastore.cli import main
+
+    capsys.readouterr()
+    assert main(["generate", "--prompt", "   "]) == 2
+    assert capsys.readouterr().err.strip() == "error: the prompt is empty"

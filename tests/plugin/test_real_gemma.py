@@ -21,6 +21,15 @@ def gemma(real_model_threads):
     return load_model_and_tokenizer("gemma3-270m")
 
 
+@pytest.fixture(scope="module")
+def stub_greedy(gemma) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt ids, plain greedy ``generate`` of 32 tokens after them) for STUB, made once for the
+    tests that compare with it."""
+    model, tokenizer = gemma
+    ids = tokenizer(STUB, return_tensors="pt").input_ids
+    return ids, model.generate(ids, max_new_tokens=32, do_sample=False)
+
+
 def _long_prompt(tokenizer) -> torch.Tensor:
     """A real module's source, over 600 tokens, then its first lines again: the answer copies it,
     and every tree node past the 512-token window must not see the prompt's start."""
@@ -36,10 +45,13 @@ def test_gemma3_vocabulary_needs_32_bit_ids(gemma):
 
 
 @pytest.mark.parametrize("case", ["stub", "long"])
-def test_plugin_equals_hf_greedy_on_gemma3(gemma, case):
+def test_plugin_equals_hf_greedy_on_gemma3(gemma, stub_greedy, case):
     model, tokenizer = gemma
-    ids = tokenizer(STUB, return_tensors="pt").input_ids if case == "stub" else _long_prompt(tokenizer)
-    expected = model.generate(ids, max_new_tokens=32, do_sample=False)
+    if case == "stub":
+        ids, expected = stub_greedy
+    else:
+        ids = _long_prompt(tokenizer)
+        expected = model.generate(ids, max_new_tokens=32, do_sample=False)
     stats = retrieval_draft.DecodeStats()
     got = model.generate(ids, max_new_tokens=32, custom_generate=retrieval_draft.generate, draft_stats=stats)
     assert torch.equal(got, expected)
@@ -47,7 +59,7 @@ def test_plugin_equals_hf_greedy_on_gemma3(gemma, case):
         assert ids.shape[1] > model.config.sliding_window and stats.mean_accepted > 1.5
 
 
-def test_a_datastore_built_with_gemmas_tokenizer_drafts_32_bit_ids(gemma, tmp_path):
+def test_a_datastore_built_with_gemmas_tokenizer_drafts_32_bit_ids(gemma, stub_greedy, tmp_path):
     from retrieval_draft_datastore.builder import build
     from retrieval_draft_datastore.sources import SourceOptions
     from tests.datastore_fixtures import stdlib_corpus
@@ -58,8 +70,7 @@ def test_a_datastore_built_with_gemmas_tokenizer_drafts_32_bit_ids(gemma, tmp_pa
     store = retrieval_draft.open_datastore(tmp_path / "ds")
     ids_stored = store.tokens[store.tokens != store.separator]
     assert store.tokens.dtype == np.uint32 and int(ids_stored.max()) >= 2**16  # ids past 16 bits survive
-    ids = tokenizer(STUB, return_tensors="pt").input_ids
-    expected = model.generate(ids, max_new_tokens=32, do_sample=False)
+    ids, expected = stub_greedy
     got = model.generate(ids, max_new_tokens=32, custom_generate=retrieval_draft.generate,
                          datastore=str(tmp_path / "ds"), draft_tokenizer=tokenizer)
     assert torch.equal(got, expected)

@@ -1,21 +1,20 @@
-"""The benchmark calls ``generate`` as the README does, and its fresh-process entry works (tiny model)."""
+"""The benchmark calls ``generate`` as the README does, and builds its fresh-process commands (tiny model;
+``test_bench_quick`` runs the fresh processes on SmolLM2)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import retrieval_draft
 from tools.bench import run as bench
-from tools.bench.fresh import first_call_command, fresh_process_rows, fresh_table
+from tools.bench.fresh import first_call_command
 from tools.bench.systems import SYSTEMS, ModelHandles, RunSetup, generate_kwargs, run_system
-from tools.bench.workloads import BenchPrompt
 
-from tests.conftest import TINY_VOCAB, make_tiny_llama, random_prompt
+from tests.conftest import random_prompt
 
 STORE = "some/store-dir"
 OURS_EXTRAS = {"custom_generate", "datastore", "draft_tokenizer", "draft_stats"}
@@ -81,41 +80,6 @@ def test_first_call_command_passes_the_datastore_to_ours_only():
     ours, plain = first_call_command("ours", args, STORE), first_call_command("hf", args, STORE)
     assert ours[:3] == [sys.executable, "-m", "tools.bench.first_call"]
     assert ours[ours.index("--datastore") + 1] == STORE and "--datastore" not in plain
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """The tiny Llama saved with a word-level fast tokenizer, loadable by ``load_model`` / ``load_tokenizer``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    folder = tmp_path_factory.mktemp("tiny-model")
-    make_tiny_llama().save_pretrained(folder)
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, TINY_VOCAB)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def test_fresh_process_runs_both_calls_in_new_processes(tiny_model_dir):
-    args = argparse.Namespace(
-        max_new_tokens=8, model=str(tiny_model_dir), threads=1, sampling=False, temperature=0.7, seed=0, datastore=None
-    )
-    prompt = BenchPrompt("grounded", "tiny-0", "w3 w4", False)
-    rows = fresh_process_rows(args, [prompt], [random_prompt(5, repeat=3)], log=lambda line: None)
-    (row,) = rows
-    assert row["ratio"] is not None and row["ratio"] > 0, row
-    assert row["identical"] is True
-    for system in ("ours", "hf"):
-        record = row[system]
-        assert record["new_tokens"] == 8 and record["prompt_tokens"] == 72
-        assert record["generate_s"] > 0 and record["load_s"] > 0 and record["import_s"] > 0
-        assert record["process_s"] > record["generate_s"]
-    assert row["ours"]["stats"]["steps"] > 0 and row["hf"]["stats"] is None
-    table = fresh_table({"fresh_process": {"rows": rows}})
-    assert "| grounded | tiny-0 | 8 |" in table and "| yes |" in table
 
 
 def test_the_no_recycle_diagnostic_is_the_defaults_less_recycling_and_stays_identical(tiny_llama):

@@ -1,4 +1,4 @@
-"""The benchmark harness runs end to end in quick mode (SmolLM2-135M, 16 new tokens, under a minute idle).
+"""The benchmark harness runs end to end in quick mode (SmolLM2-135M, 8 new tokens, under a minute idle).
 
 Runs ``python -m tools.bench --quick`` as a subprocess, as a user would, and checks
 its JSON: every workload and system is there (the datastore README call
@@ -38,7 +38,7 @@ def quick_result(tmp_path_factory, real_model_threads) -> tuple[dict, Path, str]
     out = tmp_path_factory.mktemp("bench")
     json_path, png_path = out / "quick.json", out / "quick.png"
     command = [sys.executable, "-m", "tools.bench", "--quick", "--json", str(json_path), "--png", str(png_path),
-               "--threads", str(real_model_threads), "--max-new-tokens", "16"]
+               "--threads", str(real_model_threads), "--max-new-tokens", "8"]
     # Under a minute on an idle 2-core machine; generous limit for a busy one.
     # Passive OpenMP waiting: on a machine shared with other jobs, spinning threads
     # make every forward pass many times slower (this test checks sanity, not speed).
@@ -117,23 +117,31 @@ def test_report_puts_fresh_process_rows_beside_the_speedups(quick_result, tmp_pa
 
 
 def test_fresh_process_first_call_on_smollm2(real_model_threads):
-    """Both fresh processes load SmolLM2 and time 8 tokens; their outputs are identical."""
+    """Both calls run as the first call of a new process (ours and plain HF, each its own), load
+    SmolLM2 and time 8 tokens; their outputs are identical and the row renders in its table."""
     import argparse
 
     import torch
 
     from retrieval_draft.model.models import load_tokenizer
-    from tools.bench.fresh import fresh_process_rows
+    from tools.bench.fresh import fresh_process_rows, fresh_table
     from tools.bench.workloads import BenchPrompt
 
     prompt = BenchPrompt("code_raw", "fib", "def fibonacci(n):\n", False)
     ids = torch.tensor([load_tokenizer()(prompt.text)["input_ids"]])
     args = argparse.Namespace(max_new_tokens=8, model=None, threads=real_model_threads, sampling=False,
                               temperature=0.7, seed=0, datastore=None)
-    (row,) = fresh_process_rows(args, [prompt], [ids], log=lambda line: None)
-    assert row["identical"] is True and row["ratio"] > 0, row
-    assert row["ours"]["new_tokens"] == row["hf"]["new_tokens"] == 8
-    assert row["ours"]["load_s"] > 0 and row["hf"]["import_s"] > 0
+    rows = fresh_process_rows(args, [prompt], [ids], log=lambda line: None)
+    (row,) = rows
+    assert row["identical"] is True and row["ratio"] is not None and row["ratio"] > 0, row
+    for system in ("ours", "hf"):
+        record = row[system]
+        assert record["new_tokens"] == 8 and record["prompt_tokens"] == ids.shape[1]
+        assert record["generate_s"] > 0 and record["load_s"] > 0 and record["import_s"] > 0
+        assert record["process_s"] > record["generate_s"]
+    assert row["ours"]["stats"]["steps"] > 0 and row["hf"]["stats"] is None
+    table = fresh_table({"fresh_process": {"rows": rows}})
+    assert "| code_raw | fib | 8 |" in table and "| yes |" in table
 
 
 def test_quick_bench_marks_datastore_rows_without_datastore():

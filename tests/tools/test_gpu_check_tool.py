@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tools.gpu_check import main
 
 
@@ -25,20 +27,17 @@ def test_a_quick_cpu_run_holds_the_exactness_rule_and_writes_a_cost_curve(tmp_pa
     assert set(curve) == {"1", "2", "4", "8"} and all(ms > 0 for ms in curve.values())
 
 
-def test_the_tool_and_the_runtime_import_without_datrie_or_gguf():
-    probe = (
-        "import sys, tools.gpu_check, retrieval_draft, retrieval_draft.model.tree_model, retrieval_draft.planning.cost; "
-        "print(sorted(m for m in ('datrie', 'gguf') if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
-
-
-def test_a_default_plugin_call_runs_where_datrie_cannot_be_imported():
-    """The GPU machines have no datrie: the plugin without datastore= must not need it."""
-    probe = (
-        "import sys; sys.modules['datrie'] = None; sys.modules['gguf'] = None\n"
-        "import torch, retrieval_draft\n"
+@pytest.fixture(scope="module")
+def probe() -> list[str]:
+    """One new process (a third of this module's time is a process's imports): it imports the tool
+    and the runtime and prints which of datrie and gguf that loaded; then, with both made
+    unimportable, runs a default plugin call on a tiny model and prints whether it equals plain
+    greedy (the GPU machines have no datrie: the plugin without ``datastore=`` must not need it)."""
+    code = (
+        "import sys, tools.gpu_check, retrieval_draft, retrieval_draft.model.tree_model, retrieval_draft.planning.cost\n"
+        "print(sorted(m for m in ('datrie', 'gguf') if m in sys.modules))\n"
+        "sys.modules['datrie'] = None; sys.modules['gguf'] = None\n"
+        "import torch\n"
         "from tools.gpu_check import TINY\n"
         "from transformers import LlamaConfig, LlamaForCausalLM\n"
         "torch.manual_seed(0); model = LlamaForCausalLM(LlamaConfig(**TINY)).eval()\n"
@@ -47,6 +46,14 @@ def test_a_default_plugin_call_runs_where_datrie_cannot_be_imported():
         "plain = model.generate(ids, max_new_tokens=8, do_sample=False)\n"
         "print(bool(torch.equal(ours, plain)))"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "True"
+    return out.stdout.strip().splitlines()
+
+
+def test_the_tool_and_the_runtime_import_without_datrie_or_gguf(probe):
+    assert probe[0] == "[]"
+
+
+def test_a_default_plugin_call_runs_where_datrie_cannot_be_imported(probe):
+    assert probe[-1] == "True"

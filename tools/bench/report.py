@@ -2,7 +2,7 @@
 
 Definitions (the same for every system):
 - decode tokens/s of one run = new tokens / (wall - prefill), with prefill the
-  fastest of three separate forward passes over the prompt (the decode time
+  fastest of three separate forward passes over the prompt (one with --quick; the decode time
   floored at a tenth of the wall, against a noisy prefill estimate);
 - per prompt: the median of the repeats' tokens/s; speedup = that median
   over HF ``generate``'s median on the same prompt; wall speed-up = HF's median

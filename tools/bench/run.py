@@ -66,9 +66,10 @@ from tools.bench.workloads import CODE_WORKLOADS, REPO_WORKLOADS, TEXT_WORKLOADS
 
 QUICK = {
     "prompts": 1, "max_new_tokens": 32, "repeats": 1, "fresh_process": False,
-    "systems": "hf,hf_pld,defaults,datastore,prompt,oracle",
+    "systems": "hf,hf_pld,defaults,datastore,prompt,oracle", "prefill_tries": 1,
 }
-FULL = {"prompts": 8, "max_new_tokens": 128, "repeats": 2, "fresh_process": True, "systems": ",".join(SYSTEMS)}
+FULL = {"prompts": 8, "max_new_tokens": 128, "repeats": 2, "fresh_process": True, "systems": ",".join(SYSTEMS),
+        "prefill_tries": 3}  # prefill_tries: forward passes over each prompt, the fastest taken as its prefill
 WARMUP_TOKENS = 8
 WARMUP = f"one plain HF greedy generate of {WARMUP_TOKENS} tokens (torch's first-call set-up); nothing of ours"
 OUTPUT_HEAD_CHARS = 160  # of each prompt and HF output, kept in the JSON to show what was generated
@@ -106,7 +107,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="prompt subset and sampling seed")
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key) is None:
+        if getattr(args, key, None) is None:  # prefill_tries has no option: the mode sets it
             setattr(args, key, value)
     groups = {"code": CODE_WORKLOADS, "text": TEXT_WORKLOADS, "repo": REPO_WORKLOADS,
               "all": CODE_WORKLOADS + TEXT_WORKLOADS}
@@ -179,7 +180,7 @@ def bench_prompt(session, args, index: int, prompt: BenchPrompt, ids, systems, h
 
     Returns (one record per run, HF's first output of shape (1, L + m)).
     """
-    prefill = prefill_seconds(session.model, ids)
+    prefill = prefill_seconds(session.model, ids, args.prefill_tries)
     reference_out, first_hf, records = None, None, []
     for repeat in range(args.repeats):
         for position, name in enumerate(run_order(systems, repeat, index, not args.sampling)):
@@ -320,6 +321,7 @@ def run_config(args: argparse.Namespace) -> dict:
         "threads": args.threads,
         "quick": args.quick,
         "fresh_process": args.fresh_process,
+        "prefill_tries": args.prefill_tries,
         "warm_up": WARMUP,
         "model_handles": "each of our systems calls generate on its own model handle per workload and repeat",
         "datastore": args.datastore,
