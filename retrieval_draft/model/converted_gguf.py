@@ -3,7 +3,7 @@
 transformers reads a GGUF file's metadata once for the config, once for the
 tokenizer and once for the weights, item by item (SmolLM2-135M's 49k-token
 vocabulary: about 5 s each on 2 CPU cores; Gemma-3-270M's 262k tokens: about
-20 s each), and builds a tensor-name map per submodule (about 10 s): a 25 s load
+20 s each), and builds a tensor-name map per submodule (about 4 s): a 20-25 s load
 for a 100 MB file, in every process. While a file is converted, those reads
 share one parse and one name map (``one_parse``). The first
 load of a GGUF file keeps what transformers made of it, the float32 model
@@ -44,7 +44,7 @@ def one_parse(gguf: str):
     """Within the block, every ``gguf.GGUFReader(gguf)`` that transformers makes (config, tokenizer,
     weights: it imports the class at each call) is one reader, parsed once; other files get their
     own. transformers also builds ``gguf.get_tensor_name_map(arch, n_blocks)`` afresh for every
-    submodule it maps (397 times for SmolLM2-135M, ~30 ms each); within the block each
+    submodule it maps (397 times for SmolLM2-135M, ~10 ms each); within the block each
     (arch, n_blocks) is built once. Both objects are only read after they are built (a read-only
     memory map, a name table), so sharing them changes nothing that is loaded
     (``tests/plugin/test_real_model.py`` compares a kept copy with transformers' own load).
