@@ -2,6 +2,7 @@
 
 import os
 
+import numpy as np
 import pytest
 
 from retrieval_draft.cache_dir import CACHE_ENV
@@ -93,6 +94,12 @@ def test_one_parse_gives_every_reader_of_the_file_the_same_parse_and_puts_the_na
         assert gguf_package.GGUFReader(os.path.relpath(file)) is first  # the same file by another name
         assert gguf_package.GGUFReader(other) is not first
         assert first.fields["general.name"].contents() == "tiny"
+        own = reader_class(file)  # gguf's reader over its memmap; the shared one reads a plain view
+        assert type(first.data) is np.ndarray and isinstance(own.data, np.memmap)
+        assert first.fields.keys() == own.fields.keys()
+        assert all(np.array_equal(a, b) for key in own.fields for a, b in zip(first.fields[key].parts, own.fields[key].parts))
+        assert [t.name for t in first.tensors] == [t.name for t in own.tensors]
+        assert all(np.array_equal(a.data, b.data) for a, b in zip(first.tensors, own.tensors))
         table = gguf_package.get_tensor_name_map(llama, 2)
         assert gguf_package.get_tensor_name_map(llama, 2) is table
         assert gguf_package.get_tensor_name_map(llama, 3) is not table
