@@ -25,6 +25,7 @@ SmolLM2-135M, 1.1 GB for Gemma-3-270M); deleting the folder costs one slow load.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import os
 import shutil
@@ -46,9 +47,9 @@ CONVERSION_LOCK = threading.Lock()  # one conversion at a time in a process: ``o
 def one_parse(gguf: str):
     """Within the block, every ``gguf.GGUFReader(gguf)`` that transformers makes (config, tokenizer,
     weights: it imports the class at each call) is one reader, parsed once (``_plain_reader``: 4x
-    faster than gguf's own); other files get their own. transformers also builds ``gguf.get_tensor_name_map(arch, n_blocks)`` afresh for every
-    submodule it maps (397 times for SmolLM2-135M, ~10 ms each); within the block each
-    (arch, n_blocks) is built once. Both objects are only read after they are built (a read-only
+    faster than gguf's own); other files get their own. transformers also builds
+    ``gguf.get_tensor_name_map(arch, n_blocks)`` afresh for every submodule it maps (397 times for
+    SmolLM2-135M, ~10 ms each); within the block each (arch, n_blocks) is built once. Both objects are only read after they are built (a read-only
     memory map, a name table), so sharing them changes nothing that is loaded
     (``tests/plugin/test_real_model.py`` compares a kept copy with transformers' own load).
     Holds ``CONVERSION_LOCK``; both names are put back on the way out."""
@@ -58,7 +59,6 @@ def one_parse(gguf: str):
     with CONVERSION_LOCK:
         reader_class, name_map = gguf_package.GGUFReader, gguf_package.get_tensor_name_map
         parsed = None
-        maps = {}
 
         def reader(path, *args, **kwargs):
             nonlocal parsed
@@ -68,12 +68,7 @@ def one_parse(gguf: str):
                 parsed = _plain_reader(reader_class)(path)
             return parsed
 
-        def tensor_name_map(arch, n_blocks):
-            if (arch, n_blocks) not in maps:
-                maps[arch, n_blocks] = name_map(arch, n_blocks)
-            return maps[arch, n_blocks]
-
-        gguf_package.GGUFReader, gguf_package.get_tensor_name_map = reader, tensor_name_map
+        gguf_package.GGUFReader, gguf_package.get_tensor_name_map = reader, functools.cache(name_map)
         try:
             yield
         finally:

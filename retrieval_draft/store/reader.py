@@ -25,6 +25,7 @@ from retrieval_draft.store.manifest import check_sizes, read_manifest, verify_fi
 from retrieval_draft.store.packed import max_position, packed_words, position_bits, unpack_positions
 from retrieval_draft.store.suffix_trie import key_width, load_trie
 
+
 def _read_only(array: np.ndarray) -> np.ndarray:
     """``array`` marked read-only, as the memory-mapped arrays it stands in for are: the query
     kernels then compile once for both (Numba compiles a copy per writability)."""

@@ -69,7 +69,6 @@ def test_an_unknown_part_is_refused(gguf):
 def _tiny_gguf(path) -> str:
     """A valid GGUF file holding one metadata string and one tensor."""
     import gguf as gguf_package
-    import numpy as np
 
     writer = gguf_package.GGUFWriter(str(path), "llama")
     writer.add_string("general.name", "tiny")

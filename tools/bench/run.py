@@ -1,7 +1,7 @@
 """The benchmark harness: every speed claim comes from here.
 
     python -m tools.bench [--quick] [--json PATH] [--png PATH] [--datastore DIR]
-                          [--max-new-tokens N] [--repeats N] [--prompts N] [--history FILE]
+                          [--max-new-tokens N] [--repeats N] [--prefill-tries N] [--prompts N] [--history FILE]
                           [--workloads a,b] [--systems a,b] [--sampling] [--[no-]fresh-process]
 
 What is measured: the wall time of single ``model.generate`` calls, called as
@@ -69,7 +69,7 @@ QUICK = {
     "systems": "hf,hf_pld,defaults,datastore,prompt,oracle", "prefill_tries": 1,
 }
 FULL = {"prompts": 8, "max_new_tokens": 128, "repeats": 2, "fresh_process": True, "systems": ",".join(SYSTEMS),
-        "prefill_tries": 3}  # prefill_tries: forward passes over each prompt, the fastest taken as its prefill
+        "prefill_tries": 3}
 WARMUP_TOKENS = 8
 WARMUP = f"one plain HF greedy generate of {WARMUP_TOKENS} tokens (torch's first-call set-up); nothing of ours"
 OUTPUT_HEAD_CHARS = 160  # of each prompt and HF output, kept in the JSON to show what was generated
@@ -90,6 +90,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="saved output history (python -m tools.diagnostics.warm_history) for the history diagnostic")
     p.add_argument("--max-new-tokens", type=int)
     p.add_argument("--repeats", type=int)
+    p.add_argument("--prefill-tries", type=int,
+                   help="forward passes over each prompt, the fastest taken as its prefill (default: 3, 1 with --quick)")
     p.add_argument("--prompts", type=int, help="prompts per workload")
     p.add_argument("--workloads", default="code",
                    help=f"comma list of {','.join(WORKLOADS)}; 'code' = {','.join(CODE_WORKLOADS)} (default), "
@@ -107,7 +109,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="prompt subset and sampling seed")
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key, None) is None:  # prefill_tries has no option: the mode sets it
+        if getattr(args, key) is None:
             setattr(args, key, value)
     groups = {"code": CODE_WORKLOADS, "text": TEXT_WORKLOADS, "repo": REPO_WORKLOADS,
               "all": CODE_WORKLOADS + TEXT_WORKLOADS}
