@@ -73,7 +73,7 @@ def _top_runs(tokens, sa, lcp, svl, g0, g1, n, top_k, out_tok, out_cnt) -> int:
         while end < g1 and lcp[end] >= n + 1:
             end += 1
         total += end - j
-        insert_top_k(tokens[sa[j] + n], end - j, out_tok, out_cnt)
+        insert_top_k(np.int64(tokens[sa[j] + n]), end - j, out_tok, out_cnt)
         j = end
     return total
 

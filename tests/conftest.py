@@ -106,12 +106,13 @@ class RandomDrafter(Drafter):
 # ``make test`` runs each test module on one worker (``--dist loadfile``: module fixtures such as a
 # loaded model or a Ray runtime are set up once) in collection order. Starting the longest modules
 # first lets the workers finish together. Worker-seconds each took in a run on 2 cores with no compiled
-# kernels yet, as in a fresh clone (``pytest --durations=0``, 2026-11-25, fourth session); the order
+# kernels yet, as in a fresh clone (``pytest --durations=0``, 2026-11-26); the order
 # only moves time, it changes no test.
 LONGEST_MODULES = {
-    "test_real_model": 195, "test_sampling_distribution": 111, "test_real_gemma": 97, "test_bench_quick": 84,
-    "test_datastore_ray": 67, "test_model_coverage": 43, "test_batch_sampling": 18, "test_datastore_format": 16,
-    "test_batch_greedy": 13, "test_gpu_check_tool": 11, "test_bad_input": 9, "test_engine_greedy": 5,
+    "test_real_model": 120, "test_sampling_distribution": 112, "test_bench_quick": 89, "test_real_gemma": 87,
+    "test_datastore_ray": 74, "test_real_datastore": 70, "test_model_coverage": 39, "test_real_cli": 35,
+    "test_batch_sampling": 18, "test_datastore_format": 17, "test_batch_greedy": 12, "test_gpu_check_tool": 11,
+    "test_bad_input": 8, "test_engine_greedy": 5,
 }
 
 

