@@ -13,9 +13,10 @@ group they keep.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from retrieval_draft.store.query import insert_top_k
+from retrieval_draft_datastore.kernel_threads import even_slices, on_threads, thread_count
 
 
 @njit(cache=True)
@@ -33,12 +34,10 @@ def valid_lengths(tokens: np.ndarray, sep: int, cap: int) -> np.ndarray:
     return vlen
 
 
-@njit(parallel=True, cache=True)
-def capped_lcp(tokens: np.ndarray, sa: np.ndarray, vlen: np.ndarray, cap: int) -> np.ndarray:
-    """lcp[j] = common prefix of suffixes sa[j-1], sa[j] (separator-free, <= cap); (n,), uint8."""
-    n = sa.size
-    lcp = np.zeros(n, np.uint8)
-    for j in prange(1, n):
+@njit(cache=True, nogil=True)
+def _lcp_rows(j0, j1, tokens, sa, vlen, cap, lcp) -> None:
+    """lcp[j] for rows j in [max(j0, 1), j1) (one thread's slice of ``capped_lcp``)."""
+    for j in range(max(j0, 1), j1):
         a = sa[j - 1]
         b = sa[j]
         limit = min(vlen[a], vlen[b], cap)
@@ -46,6 +45,12 @@ def capped_lcp(tokens: np.ndarray, sa: np.ndarray, vlen: np.ndarray, cap: int) -
         while k < limit and tokens[a + k] == tokens[b + k]:
             k += 1
         lcp[j] = k
+
+
+def capped_lcp(tokens: np.ndarray, sa: np.ndarray, vlen: np.ndarray, cap: int) -> np.ndarray:
+    """lcp[j] = common prefix of suffixes sa[j-1], sa[j] (separator-free, <= cap); (n,), uint8."""
+    lcp = np.zeros(sa.size, np.uint8)
+    on_threads(_lcp_rows, even_slices(sa.size, thread_count()), tokens, sa, vlen, np.int64(cap), lcp)
     return lcp
 
 

@@ -1,7 +1,7 @@
 """Numba kernel: sort every stream position by the tokens that start there.
 
-Bucketed most-significant-first sort, buckets spread over the Numba threads
-by size:
+Bucketed most-significant-first sort, buckets spread over Numba's thread count
+by size (``kernel_threads``):
 
 1. A counting pass puts every position in the bucket of its first token
    (positions ascending inside a bucket).
@@ -31,9 +31,10 @@ order of one sort over the whole stream, which the distributed build relies on.
 from __future__ import annotations
 
 import numpy as np
-from numba import get_num_threads, njit, prange
+from numba import njit
 
 from retrieval_draft.store.layout import MAX_STREAM_TOKENS
+from retrieval_draft_datastore.kernel_threads import on_threads, thread_count
 
 SMALL_RUN = 32  # runs up to this long are ordered by insertion
 BYTE_RADIX_RUN = 128  # runs from this long by 8-bit radix passes, shorter ones by merge sort
@@ -246,67 +247,64 @@ def _prefix_stats(hi, lo, valid, w, bpt, lcp, svl):
         lcp[i] = 1 + k
 
 
-@njit(parallel=True, cache=True)
-def _sort_windows(words, sa, bounds, plan, plan_starts, depth, w, bpt, sep, lcp, svl, deep):
-    """Steps 2 (and with ``deep``, 3 by windows) for every planned bucket of ``sa``, in place;
-    thread t takes plan[plan_starts[t]:plan_starts[t+1]]. Fills lcp/svl (capped at 1 + 2w)."""
-    for t in prange(plan_starts.size - 1):
-        for q in range(plan_starts[t], plan_starts[t + 1]):
-            a, b = bounds[plan[q]], bounds[plan[q] + 1]
-            pos = sa[a:b]
-            hi = np.empty(b - a, np.uint64)
-            lo = np.empty(b - a, np.uint64)
-            valid = np.empty(b - a, np.uint8)
-            for i in range(b - a):
-                hi[i], lo[i], valid[i] = _window_pair(words, np.int64(pos[i]), np.int64(1), depth, w, bpt, sep)
-            stack = [(0, 0, 0)]
-            stack.pop()
-            # np.int64 constants: Numba compiles a callee once more for each literal argument (12 s here)
-            _order_window(pos, hi, lo, valid, np.int64(0), b - a, min(2 * w, depth - 1), stack, np.int64(1))
-            _prefix_stats(hi, lo, valid, w, bpt, lcp[a:b], svl[a:b])
-            if deep:
-                _deeper_windows(words, pos, stack, depth, w, bpt, sep)
+@njit(cache=True, nogil=True)
+def _sort_windows(q0, q1, words, sa, bounds, plan, depth, w, bpt, sep, lcp, svl, deep):
+    """Steps 2 (and with ``deep``, 3 by windows) for the planned buckets plan[q0:q1] of ``sa``,
+    in place (one thread's slice). Fills lcp/svl (capped at 1 + 2w)."""
+    for q in range(q0, q1):
+        a, b = bounds[plan[q]], bounds[plan[q] + 1]
+        pos = sa[a:b]
+        hi = np.empty(b - a, np.uint64)
+        lo = np.empty(b - a, np.uint64)
+        valid = np.empty(b - a, np.uint8)
+        for i in range(b - a):
+            hi[i], lo[i], valid[i] = _window_pair(words, np.int64(pos[i]), np.int64(1), depth, w, bpt, sep)
+        stack = [(0, 0, 0)]
+        stack.pop()
+        # np.int64 constants: Numba compiles a callee once more for each literal argument (12 s here)
+        _order_window(pos, hi, lo, valid, np.int64(0), b - a, min(2 * w, depth - 1), stack, np.int64(1))
+        _prefix_stats(hi, lo, valid, w, bpt, lcp[a:b], svl[a:b])
+        if deep:
+            _deeper_windows(words, pos, stack, depth, w, bpt, sep)
 
 
-@njit(parallel=True, cache=True)
-def _group_ranks(sa, bounds, plan, plan_starts, lcp, svl, r, rank):
+@njit(cache=True, nogil=True)
+def _group_ranks(q0, q1, sa, bounds, plan, lcp, svl, r, rank):
     """rank[sa[j]] = 1 + first row of j's group at depth ``r`` (rows whose first r tokens,
-    up to a separator, are equal), for every planned bucket."""
-    for t in prange(plan_starts.size - 1):
-        for q in range(plan_starts[t], plan_starts[t + 1]):
-            a, b = bounds[plan[q]], bounds[plan[q] + 1]
-            start = a
-            for j in range(a, b):
-                same = j > a and (lcp[j] >= r or (svl[j] == svl[j - 1] and lcp[j] == svl[j]))
-                if not same:
-                    start = j
-                rank[sa[j]] = start + 1
+    up to a separator, are equal), for the planned buckets plan[q0:q1]."""
+    for q in range(q0, q1):
+        a, b = bounds[plan[q]], bounds[plan[q] + 1]
+        start = a
+        for j in range(a, b):
+            same = j > a and (lcp[j] >= r or (svl[j] == svl[j - 1] and lcp[j] == svl[j]))
+            if not same:
+                start = j
+            rank[sa[j]] = start + 1
 
 
-@njit(parallel=True, cache=True)
-def _rank_round(sa, bounds, plan, plan_starts, lcp, offset, rank):
-    """Step 3: stably sort every run of rows equal over their first ``offset`` tokens
-    (lcp == offset) by rank[p + offset]."""
-    for t in prange(plan_starts.size - 1):
-        for q in range(plan_starts[t], plan_starts[t + 1]):
-            a, b = bounds[plan[q]], bounds[plan[q] + 1]
-            j = a + 1
-            while j < b:
-                if lcp[j] < offset:
-                    j += 1
-                    continue
-                s = j - 1
-                e = j + 1
-                while e < b and lcp[e] >= offset:
-                    e += 1
-                keys = np.empty(e - s, np.uint64)
-                for i in range(s, e):
-                    keys[i - s] = rank[np.int64(sa[i]) + offset]
-                order = _order_of(keys)
-                run = sa[s:e].copy()
-                for i in range(e - s):
-                    sa[s + i] = run[order[i]]
-                j = e
+@njit(cache=True, nogil=True)
+def _rank_round(q0, q1, sa, bounds, plan, lcp, offset, rank):
+    """Step 3 for the planned buckets plan[q0:q1]: stably sort every run of rows equal over
+    their first ``offset`` tokens (lcp == offset) by rank[p + offset]."""
+    for q in range(q0, q1):
+        a, b = bounds[plan[q]], bounds[plan[q] + 1]
+        j = a + 1
+        while j < b:
+            if lcp[j] < offset:
+                j += 1
+                continue
+            s = j - 1
+            e = j + 1
+            while e < b and lcp[e] >= offset:
+                e += 1
+            keys = np.empty(e - s, np.uint64)
+            for i in range(s, e):
+                keys[i - s] = rank[np.int64(sa[i]) + offset]
+            order = _order_of(keys)
+            run = sa[s:e].copy()
+            for i in range(e - s):
+                sa[s + i] = run[order[i]]
+            j = e
 
 
 @njit(cache=True)
@@ -368,17 +366,17 @@ def sort_suffixes(tokens: np.ndarray, depth: int, sep: int, lcp_cap: int = 0) ->
     sa, bounds = _first_token_buckets(tokens, n_buckets, sep)
     sizes = np.diff(bounds)
     sizes[-1] = 0  # the separator bucket: every key is the separator alone, so stream order stands
-    plan, starts = _thread_plans(sizes, get_num_threads())
+    plan, starts = _thread_plans(sizes, thread_count())
     lcp = np.zeros(n, np.uint8)
     svl = np.zeros(n, np.uint8)
     rest = depth - window
     by_rank = 0 < rest <= window
-    _sort_windows(_as_words(tokens), sa, bounds, plan, starts, depth, w, bpt, sep, lcp, svl, rest > window)
+    on_threads(_sort_windows, starts, _as_words(tokens), sa, bounds, plan, depth, w, bpt, sep, lcp, svl, rest > window)
     if by_rank:
         rank = np.empty(n, np.uint32)
         rank[sa[bounds[-2] :]] = bounds[-2] + 1  # the separator bucket is one group
-        _group_ranks(sa, bounds, plan, starts, lcp, svl, rest, rank)
-        _rank_round(sa, bounds, plan, starts, lcp, window, rank)
+        on_threads(_group_ranks, starts, sa, bounds, plan, lcp, svl, rest, rank)
+        on_threads(_rank_round, starts, sa, bounds, plan, lcp, window, rank)
         del rank
     if lcp_cap == 0:
         return sa, np.zeros(0, np.uint8), np.zeros(0, np.uint8)
