@@ -76,13 +76,16 @@ def run(args: argparse.Namespace) -> int:
 def run_generate(args: argparse.Namespace) -> int:
     """Generate once (and, with --compare, side by side with plain HF generate)."""
     _check_numbers(args)
+    prompt = args.prompt if args.prompt is not None else open(args.prompt_file, encoding="utf-8").read()
+    if not prompt.strip():
+        raise InvalidInputError("the prompt is empty")
+    from retrieval_draft.model.models import model_location
+
+    model_location(args.model)  # a missing model is refused before torch and transformers load (~7 s)
     from retrieval_draft.compare import compare_with_plain
     from retrieval_draft.drafters.history import HistoryDrafter
     from retrieval_draft.session import GenerationRequest, load_session
 
-    prompt = args.prompt if args.prompt is not None else open(args.prompt_file, encoding="utf-8").read()
-    if not prompt.strip():
-        raise InvalidInputError("the prompt is empty")
     sampling = {k: v for k, v in (("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p)) if v is not None}
     drafters = args.drafters
     if args.history and "history" not in drafters.split(","):

@@ -32,12 +32,15 @@ import shutil
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from retrieval_draft.atomic import fsync_path, temp_dir_next_to
 from retrieval_draft.cache_dir import cache_root
+
+if TYPE_CHECKING:
+    import torch
 
 PARTS = ("model", "tokenizer")
 CONVERSION_LOCK = threading.Lock()  # one conversion at a time in a process: ``one_parse`` swaps a name
@@ -111,6 +114,8 @@ def keep_part(gguf: str, part: str, loaded) -> None:
     staging = None
     try:
         staging = temp_dir_next_to(final)
+        import torch  # here: the module imports without torch (the command line checks a model path first)
+
         if isinstance(loaded, torch.nn.Module):
             _save_model(loaded, staging)
         else:

@@ -79,8 +79,9 @@ def named_model_path(name: str) -> str | None:
     return None
 
 
-def _split(path: str | None) -> tuple[str, dict]:
-    """(directory, extra from_pretrained kwargs) for a model path, a model name or the default."""
+def model_location(path: str | None) -> tuple[str, dict]:
+    """(directory, extra from_pretrained kwargs) for a model path, a model name or the default;
+    ``ModelLoadError`` for a path that is not there or not a model (checked without importing torch)."""
     path = (named_model_path(path) if path in MODEL_NAMES else path) or default_model_path()
     if not os.path.exists(path):
         raise ModelLoadError(f"model path not found: {path}")
@@ -117,7 +118,7 @@ def _load(path: str | None, parts: tuple[str, ...], attn_implementation: str = "
     """Each of ``parts`` ("tokenizer", "model") of the model at ``path``, in that order: a GGUF
     file's kept part where there is one (``converted_gguf``), else loaded from the file, and kept;
     the parts loaded from a GGUF file share one parse of it (``one_parse``)."""
-    folder, extra = _split(path)
+    folder, extra = model_location(path)
     gguf = os.path.join(folder, extra["gguf_file"]) if "gguf_file" in extra else None
     sources = [_source(folder, extra, gguf, part) for part in parts]
     converting = any(keep is not None for _, _, keep in sources)

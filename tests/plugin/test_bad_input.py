@@ -73,6 +73,23 @@ def test_cli_unknown_model_prints_one_line_and_exits_nonzero(tmp_path):
     assert result.stderr.strip().splitlines() == [f"error: model path not found: {tmp_path / 'missing'}"]
 
 
+def test_cli_refuses_a_missing_model_before_torch_and_transformers_load(tmp_path):
+    """A new process: the program starts without torch (the builder's commands never need it) and
+    refuses a missing model before importing torch or transformers (seconds of work)."""
+    script = (
+        "import sys\n"
+        "from retrieval_draft_datastore.cli import main\n"
+        "at_start = 'torch' in sys.modules\n"
+        f"code = main(['generate', '--model', {str(tmp_path / 'missing')!r}, '--prompt', 'hi'])\n"
+        "print(at_start, 'torch' in sys.modules, 'transformers' in sys.modules)\n"
+        "sys.exit(code)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == f"error: model path not found: {tmp_path / 'missing'}"
+    assert result.stdout.split() == ["False", "False", "False"]
+
+
 def test_cli_empty_prompt_prints_one_line_and_exits_nonzero(capsys):
     """The command line's own ``main`` in this process (the check above runs a new process)."""
     from retrieval_draft_datastore.cli import main
