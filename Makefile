@@ -13,12 +13,10 @@ setup: $(STAMP)
 
 # The test extra includes ray[data] for tests/stores/test_datastore_ray.py (~20 s, ~240 MB installed) and
 # pytest-xdist: `make test` runs whole test modules on one worker per core, longest first (tests/conftest.py):
-# on a fresh clone (every Numba kernel compiled in the run), 756 tests took 6.4-6.8 min on 2 cores on
-# 2026-11-25 (9.3-9.9 min with this set-up; 6.3 min in a checkout with its Numba caches deleted); the
-# suite as it was at that day's last session start took 7.3 min with no compiled kernels on the same
-# machine. A checkout that already ran once loads the kernels instead (the store, drafter and planning
-# tests alone, one process: 116 s compiling, 32 s loading). The machine's speed varies by day (one
-# suite ran 6.8 to 10.3 min across a day).
+# on a fresh clone (every Numba kernel compiled in the run), 758 tests took 5.7-5.9 min on 2 cores on
+# 2026-11-26 (8.4-8.7 min with this set-up).
+# A checkout that already ran once loads the compiled kernels instead. The machine's speed varies by
+# day (one suite ran 6.8 to 10.3 min across a day); two runs of the same code differ by 15-25 s.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
