@@ -16,12 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
-from numba import get_num_threads
-
-
-def thread_count() -> int:
-    """How many slices to cut the work into: Numba's thread setting."""
-    return get_num_threads()
 
 
 def even_slices(items: int, threads: int) -> np.ndarray:

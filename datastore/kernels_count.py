@@ -13,10 +13,10 @@ group they keep.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import get_num_threads, njit
 
 from retrieval_draft.store.query import insert_top_k
-from retrieval_draft_datastore.kernel_threads import even_slices, on_threads, thread_count
+from retrieval_draft_datastore.kernel_threads import even_slices, on_threads
 
 
 @njit(cache=True)
@@ -50,7 +50,7 @@ def _lcp_rows(j0, j1, tokens, sa, vlen, cap, lcp) -> None:
 def capped_lcp(tokens: np.ndarray, sa: np.ndarray, vlen: np.ndarray, cap: int) -> np.ndarray:
     """lcp[j] = common prefix of suffixes sa[j-1], sa[j] (separator-free, <= cap); (n,), uint8."""
     lcp = np.zeros(sa.size, np.uint8)
-    on_threads(_lcp_rows, even_slices(sa.size, thread_count()), tokens, sa, vlen, np.int64(cap), lcp)
+    on_threads(_lcp_rows, even_slices(sa.size, get_num_threads()), tokens, sa, vlen, np.int64(cap), lcp)
     return lcp
 
 

@@ -31,10 +31,10 @@ order of one sort over the whole stream, which the distributed build relies on.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import get_num_threads, njit
 
 from retrieval_draft.store.layout import MAX_STREAM_TOKENS
-from retrieval_draft_datastore.kernel_threads import on_threads, thread_count
+from retrieval_draft_datastore.kernel_threads import on_threads
 
 SMALL_RUN = 32  # runs up to this long are ordered by insertion
 BYTE_RADIX_RUN = 128  # runs from this long by 8-bit radix passes, shorter ones by merge sort
@@ -366,7 +366,7 @@ def sort_suffixes(tokens: np.ndarray, depth: int, sep: int, lcp_cap: int = 0) ->
     sa, bounds = _first_token_buckets(tokens, n_buckets, sep)
     sizes = np.diff(bounds)
     sizes[-1] = 0  # the separator bucket: every key is the separator alone, so stream order stands
-    plan, starts = _thread_plans(sizes, thread_count())
+    plan, starts = _thread_plans(sizes, get_num_threads())
     lcp = np.zeros(n, np.uint8)
     svl = np.zeros(n, np.uint8)
     rest = depth - window

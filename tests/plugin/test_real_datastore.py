@@ -6,16 +6,11 @@ import pytest
 import torch
 
 import retrieval_draft
-from retrieval_draft.session import GenerationRequest, load_session
+from retrieval_draft.session import GenerationRequest
 
 pytestmark = pytest.mark.real_model
 
 CODE = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
-
-
-@pytest.fixture(scope="module")
-def session(real_model_threads):
-    return load_session()
 
 
 @pytest.fixture(scope="module")

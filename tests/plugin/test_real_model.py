@@ -7,7 +7,7 @@ import torch
 from transformers import TextStreamer
 
 import retrieval_draft
-from retrieval_draft.session import GenerationRequest, load_session
+from retrieval_draft.session import GenerationRequest
 
 pytestmark = pytest.mark.real_model
 
@@ -17,11 +17,6 @@ EDIT = (
     "def area(width, height):\n    if width < 0 or height < 0:\n        raise ValueError('negative')\n"
     "    return width * height\n"
 )
-
-
-@pytest.fixture(scope="module")
-def session(real_model_threads):
-    return load_session()
 
 
 @pytest.mark.parametrize(
