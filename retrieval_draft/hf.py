@@ -202,7 +202,8 @@ def make_planner(model, config: DraftConfig, sampling: bool, memory: PluginMemor
         return TreePlanner(tree_budget=config.tree_budget, cost=cost)
     learned = memory.model(model)
     return TreePlanner(
-        tree_budget=config.tree_budget, cost=cost, calibrators=learned.rates[bool(sampling)], observed=learned.observed
+        tree_budget=config.tree_budget, cost=cost, calibrators=learned.rates[bool(sampling)], observed=learned.observed,
+        ranks=learned.ranks[bool(sampling)],
     )
 
 

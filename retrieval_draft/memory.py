@@ -21,7 +21,7 @@ import torch
 
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
-from retrieval_draft.planning.calibration import AcceptanceCalibrator
+from retrieval_draft.planning.calibration import AcceptanceCalibrator, RankCorrection
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
 from retrieval_draft.store.store_cache import StoreCache
 
@@ -35,6 +35,7 @@ class ModelMemory:
         observed: corrections of ``cost`` from the forward times decoding saw.
         rates: sampling flag -> drafter name -> calibrator (shared, updated in place);
             read from the disk cache when the memory is created (``rates_file``).
+        ranks: sampling flag -> what the merged trees' ranks delivered (``RankCorrection``), this process only.
         history: earlier prompts and outputs (bounded, 4 MB at most by default).
         recycled: the model's recorded top-k successors per token (``PluginMemory.recycled``),
             None until first needed.
@@ -46,6 +47,7 @@ class ModelMemory:
     cost: VerifyCost | None = None
     observed: ObservedCost = field(default_factory=ObservedCost)
     rates: dict[bool, dict[str, AcceptanceCalibrator]] = field(default_factory=lambda: {False: {}, True: {}})
+    ranks: dict[bool, RankCorrection] = field(default_factory=lambda: {False: RankCorrection(), True: RankCorrection()})
     history: HistoryDrafter = field(default_factory=HistoryDrafter)
     recycled: RecyclingDrafter | None = None
     rates_saved_at: float = 0.0  # time.monotonic() of the last save to disk

@@ -1,4 +1,4 @@
-"""A float32 CPU matmul for the 1 to 16 rows of a decode or tree forward.
+"""A float32 CPU matmul for the 1 to 64 rows of a decode or tree forward.
 
 On this project's CPUs MKL multiplies one to three rows by a weight matrix
 at memory speed, but from four rows on it switches to a blocked GEMM that
@@ -29,8 +29,9 @@ from numba import njit, prange
 # keeps the faster, per machine). On a 2-core AVX-512 Xeon, for SmolLM2-135M's 211 weight matrices:
 # 1-3 rows MKL 21-23 ms, kernel 19-24 ms; 4 rows 36 vs 27 ms; 8 rows 45 vs 33 ms; 16 rows 51 vs 49 ms.
 # On a 2-core AMD EPYC, whole forwards after 256 tokens (``tools.diagnostics.forward_cost``, 2026-11-24): 1 token
-# MKL 63.7 ms, kernel 39.1 ms; 2 tokens 101.4 vs 45.4 ms; 3 tokens 128.6 vs 48.1 ms; 4 tokens 90.6 vs 48.5 ms.
-SKINNY_ROWS = range(1, 17)
+# MKL 63.7 ms, kernel 39.1 ms; 2 tokens 101.4 vs 45.4 ms; 3 tokens 128.6 vs 48.1 ms; 4 tokens 90.6 vs 48.5 ms;
+# there (2026-11-26, ``measure_cost``) 32 tokens 285-326 vs 167-185 ms, 64 tokens 317-462 vs 264-293 ms.
+SKINNY_ROWS = range(1, 65)
 
 
 @njit(parallel=True, fastmath=True, cache=True, boundscheck=False)

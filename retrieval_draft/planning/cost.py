@@ -6,8 +6,8 @@ accepted tokens per second depends on the device. ``VerifyCost`` measures
 the curve once per model and machine (``cost_file`` keeps it on disk), and
 ``TreePlanner.width`` picks the number of draft nodes that maximises expected
 tokens per second given the nodes' estimated acceptance probabilities. On CPU the
-measurement also times each probed size of 1-16 nodes with and without the
-skinny matmul (``skinny_linear.py``) and keeps, per size, whichever was faster.
+measurement also times probed sizes with and without the skinny matmul
+(``skinny_linear.py``) and keeps, per size, whichever was faster.
 """
 
 from __future__ import annotations
@@ -20,12 +20,15 @@ import torch
 from retrieval_draft.planning.timing import ForwardTimer
 from retrieval_draft.model.skinny_linear import SKINNY_ROWS
 
-# Probed tree sizes, one timed forward each: the first call of a process with no stored curve pays
-# for this (~1.5 s for SmolLM2-135M on 2 CPU cores; 12 sizes x 3 repeats took 8.7 s, longer than many
-# whole generations, and made that first call slower than plain ``generate``). Sizes between
-# probes are interpolated, and ``ObservedCost`` corrects the curve from the forwards decoding times.
-PROBE_SIZES = (1, 2, 4, 8, 16, 32, 64)
-PROBE_CACHE_LEN = 256
+# Probed tree sizes, one timed forward each (two where the skinny kernel competes and the plain path
+# is not already beaten): the first call of a process with no stored curve pays for this, 1.6-1.9 s for
+# SmolLM2-135M on a 2-core AMD EPYC, against 3.4-4.1 s for sizes up to 64, both paths timed at 1-16,
+# after a 256-token prompt (and 8.7 s for 12 sizes x 3 repeats before that, which made a first short
+# generation slower than plain ``generate``). Sizes between probes are interpolated, larger ones
+# extrapolated (``planner.extended_cost``), and ``ObservedCost`` corrects the curve from the forwards
+# decoding times, per band of cache length too: the probes run after a short prompt.
+PROBE_SIZES = (1, 2, 4, 8, 16, 32)
+PROBE_CACHE_LEN = 64
 SPIKE_FACTOR = 1.3  # a probe this much slower than the next larger one is timed again
 SPIKE_RETRIES = 2
 
@@ -75,6 +78,9 @@ def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PRO
     model can use the skinny matmul, probed sizes in ``SKINNY_ROWS`` are timed
     both ways; the curve takes the faster, and ``skinny_sizes`` lists the
     sizes that take the kernel (each size follows the nearest probe at or below it).
+    Sizes are probed in increasing order, and a kernel forward no slower than the slowest plain
+    forward timed so far wins without a plain timing of its own: a forward over more tokens
+    never runs faster (on AMD CPUs, where MKL is slow at few rows, this skips most plain probes).
     """
     from retrieval_draft.model.tree_model import TreeModel
 
@@ -87,15 +93,22 @@ def measure_cost(model: torch.nn.Module, sizes=PROBE_SIZES, cache_len: int = PRO
         tree_model.skinny_sizes = path  # untimed: first-forward set-up, and the kernel's first call
         time_chain(tree_model, sizes[0], rng, repeats=1, warmups=0)  # (loading it, starting its threads)
     times, kernel_wins = [], {}
+    plain_floor = 0.0  # the slowest plain forward timed so far: a larger plain one takes at least as long
     for size in sizes:
-        tree_model.skinny_sizes = frozenset()
-        best = time_chain(tree_model, size, rng, repeats, warmups)
-        if kernel_possible and size in SKINNY_ROWS:
+        competes = kernel_possible and size in SKINNY_ROWS
+        if competes:
             tree_model.skinny_sizes = frozenset([size])
             kernel = time_chain(tree_model, size, rng, repeats, warmups)
-            kernel_wins[size] = kernel < best
-            best = min(best, kernel)
-        times.append(best)
+            if kernel <= plain_floor:  # the kernel wins without timing the plain path (saves ~1 s on AMD CPUs)
+                kernel_wins[size] = True
+                times.append(kernel)
+                continue
+        tree_model.skinny_sizes = frozenset()
+        plain = time_chain(tree_model, size, rng, repeats, warmups)
+        plain_floor = max(plain_floor, plain)
+        if competes:
+            kernel_wins[size] = kernel < plain
+        times.append(min(plain, kernel) if competes else plain)
     for _ in range(SPIKE_RETRIES):  # a size timed while other work held the cores: time it again
         spikes = spiked(times)
         if not spikes:

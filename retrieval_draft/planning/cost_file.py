@@ -22,7 +22,8 @@ from retrieval_draft.cache_dir import cache_file, write_cache_json
 from retrieval_draft.planning.cost import VerifyCost, measure_cost
 
 # Bump when the measurement or the decode path changes what a curve means.
-COST_FILE_FORMAT = 3  # 2: spiked probes are timed again (``cost.spiked``); 3: the skinny kernel competes from 1 row
+COST_FILE_FORMAT = 4  # 2: spiked probes are timed again (``cost.spiked``); 3: the skinny kernel competes from 1 row;
+# 4: and up to 64 rows
 
 
 def _cpu_model() -> str:

@@ -27,7 +27,7 @@ import numpy as np
 from retrieval_draft.config import DEFAULTS
 from retrieval_draft.tree import DraftTree, merge_flat
 from retrieval_draft.draft import Draft, laid_end_to_end, matched_prefixes
-from retrieval_draft.planning.calibration import AcceptanceCalibrator
+from retrieval_draft.planning.calibration import AcceptanceCalibrator, RankCorrection
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
 from retrieval_draft.planning.drafter_gate import DrafterGate
 
@@ -48,6 +48,8 @@ class TreePlanner:
             curve, which prices an accepted token); default a fresh ``DrafterGate``.
         observed: corrections of ``cost`` from the forward times decoding sees (by rows and
             cache length), shared like ``calibrators`` (the plugin keeps one per model).
+        ranks: what the merged trees' ranks delivered against their probabilities, which
+            scales them when a tree is sized (``RankCorrection``), shared like ``calibrators``.
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class TreePlanner:
         calibrators: dict[str, AcceptanceCalibrator] | None = None,
         gate: DrafterGate | None = None,
         observed: ObservedCost | None = None,
+        ranks: RankCorrection | None = None,
     ) -> None:
         if tree_budget < 0:
             raise ValueError("tree_budget must be >= 0")
@@ -68,6 +71,8 @@ class TreePlanner:
         self.overhead_s = 0.0
         self.gate = gate if gate is not None else DrafterGate()
         self.observed = observed if observed is not None else ObservedCost()
+        self.ranks = ranks if ranks is not None else RankCorrection()
+        self._candidates: list[DraftTree] = []  # each row's full candidate tree of the step being verified
         self._curves: dict[int, VerifyCost] = {}  # rows -> the cost curve extended to cover them
 
     def should_ask(self, name: str) -> bool:
@@ -110,7 +115,11 @@ class TreePlanner:
         tree keeps ``width`` draft nodes or fewer. ``cache_len``: cached tokens the trees
         attend to (the longest row's)."""
         fulls = [self.candidates(root, row) for root, row in zip(roots, drafts)]
-        budget = self.width([np.sort(full.probs[1:])[::-1][: self.tree_budget] for full in fulls], cache_len)
+        ranked = [np.sort(full.probs[1:])[::-1][: self.tree_budget] for full in fulls]
+        if self.cost is not None:
+            self._candidates = fulls
+            ranked = [probs * self.ranks.factors(probs.shape[0]) for probs in ranked]
+        budget = self.width(ranked, cache_len)
         return [full.top(budget, full.probs) for full in fulls]
 
     def width(self, ranked: list[np.ndarray], cache_len: int = 0) -> int:
@@ -147,6 +156,10 @@ class TreePlanner:
         ``asked[i]``: drafter name -> (its drafts, seconds it took) for row i, for the drafter
         gate. ``draft_seconds``: all rows' drafting time this step."""
         if self.cost is not None and truths:
+            if len(self._candidates) == len(truths):
+                for full, truth in zip(self._candidates, truths):
+                    self.grade_ranks(full, truth)
+            self._candidates = []
             rows = len(truths)
             token_seconds = float(self.cost.seconds[min(rows, self.cost.max_nodes)]) / rows  # a row's share of a plain step
             for row_asked, truth in zip(asked, truths):
@@ -158,6 +171,17 @@ class TreePlanner:
             self.grade(row_drafts, truth)
         d = self.overhead_decay
         self.overhead_s = d * self.overhead_s + (1 - d) * draft_seconds
+
+    def grade_ranks(self, full: DraftTree, truth: np.ndarray) -> None:
+        """Record in ``ranks`` which of the candidate tree ``full``'s draft nodes the model's tokens
+        ``truth`` (accepted + bonus, shape (t,)) confirmed, by rank, pruned nodes included."""
+        if full.size == 1:
+            return
+        decided, confirmed = _confirmed(full.tokens, full.parents, full.depths, truth.astype(np.int64, copy=False))
+        order = np.argsort(-full.probs[1:], kind="stable") + 1  # the order ``DraftTree.top`` keeps nodes in
+        keep = decided[order]
+        ranks = np.arange(1, order.shape[0] + 1)[keep]
+        self.ranks.record(ranks, full.probs[order[keep]], confirmed[order[keep]])
 
     def _curve(self, rows: int) -> VerifyCost:
         """The cost curve covering ``rows`` full trees (extended past its measured sizes)."""
@@ -203,6 +227,28 @@ def _owners(drafts: SourcedDrafts, lengths: np.ndarray) -> tuple[np.ndarray, lis
     index: dict[str, int] = {}
     numbers = np.array([index.setdefault(source, len(index)) for source, _ in drafts], dtype=np.int64)
     return np.repeat(numbers, lengths), list(index)
+
+
+@numba.njit(cache=True, nogil=True)
+def _confirmed(tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray, truth: np.ndarray):
+    """Of a tree's nodes (n,), topological, root 0: which the model's tokens ``truth`` (t,) decide
+    (a node below a refuted one is refuted; one below the bonus token, at depth > t, is not
+    decided) and which they confirm (its path equals ``truth``'s first tokens); each (n,) bool."""
+    n = tokens.shape[0]
+    decided = np.zeros(n, np.bool_)
+    confirmed = np.zeros(n, np.bool_)
+    decided[0] = True
+    confirmed[0] = True
+    for node in range(1, n):
+        parent = parents[node]
+        if not decided[parent]:
+            continue
+        if not confirmed[parent]:
+            decided[node] = True
+        elif depths[node] <= truth.shape[0]:
+            decided[node] = True
+            confirmed[node] = tokens[node] == truth[depths[node] - 1]
+    return decided, confirmed
 
 
 def extended_cost(cost: VerifyCost, max_tokens: int) -> VerifyCost:

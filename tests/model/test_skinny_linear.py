@@ -1,4 +1,4 @@
-"""The skinny float32 matmul used for 1-16-token forwards on CPU."""
+"""The skinny float32 matmul used for 1-64-token forwards on CPU."""
 
 from __future__ import annotations
 

@@ -132,6 +132,27 @@ def test_first_use_measurement_runs_a_handful_of_forwards_on_a_cpu(tiny_llama, m
     assert curve.max_nodes == max(cost_module.PROBE_SIZES) and curve.steady
 
 
+def test_a_kernel_probe_no_slower_than_a_smaller_plain_one_wins_untimed_against_plain(tiny_llama, monkeypatch):
+    """A forward over more tokens never runs faster, so where the kernel's time at a size is at or
+    below the slowest plain forward timed so far, the plain path loses without being timed there."""
+    from retrieval_draft.planning import cost as cost_module
+
+    timed = []
+
+    def fake_time_chain(tree_model, size, rng, repeats, warmups=1):
+        kernel = bool(tree_model.skinny_sizes)
+        timed.append((size, kernel))
+        return 0.05 + 0.01 * size if kernel else 0.2 + 0.02 * size
+
+    monkeypatch.setattr(cost_module, "time_chain", fake_time_chain)
+    curve = cost_module.measure_cost(tiny_llama, sizes=(1, 2, 4, 8, 16, 32), cache_len=16, repeats=1)
+    probes = timed[2:-1]  # after the two untimed set-up forwards, before the closing one
+    assert [size for size, kernel in probes if not kernel] == [1, 32]  # 2-16: the kernel beat plain's 1-token 0.22 s
+    assert [size for size, kernel in probes if kernel] == [1, 2, 4, 8, 16, 32]
+    assert curve.skinny_sizes == frozenset(cost_module.SKINNY_ROWS)
+    assert curve.seconds[16] == pytest.approx(0.21) and curve.seconds[32] == pytest.approx(0.37)
+
+
 def test_measured_cost_has_a_positive_time_for_every_tree_size(tiny_llama):
     curve = measure_cost(tiny_llama, sizes=(1, 8, 64), cache_len=32, repeats=2)
     assert curve.max_nodes == 64
