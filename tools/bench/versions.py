@@ -9,7 +9,8 @@ it, so each process imports that checkout's ``retrieval_draft`` and ``tools``), 
 in even rounds and new first in odd ones, so a machine whose speed drifts slows both alike.
 Each harness times plain HF ``generate`` beside the plugin in the same process, so the
 speed-up it reports is already a side-by-side ratio; this tool compares those speed-ups
-(and the plugin's tokens/s) between the checkouts, round by round. Each checkout gets its
+(and the plugin's tokens/s; for the benchmark also per workload, with the drafting share and
+accepted tokens per step) between the checkouts, round by round. Each checkout gets its
 own empty plugin cache (``RETRIEVAL_DRAFT_CACHE``), so both measure their own cost curve
 once, in their first round, as a new user's first process would.
 
@@ -56,11 +57,21 @@ def batch_module(checkout: Path) -> str | None:
 
 
 def bench_figures(result: dict) -> dict:
-    """The plugin's figures from a ``tools.bench`` result: speed-up (geometric mean over prompts,
-    each against HF in the same process), tokens/s and identical rate, per system."""
-    overall = result["summary"]["overall"]
-    return {name: {"speedup": row["speedup_geomean"], "tokens_per_s": row["tokens_per_s"],
-                   "identical_rate": row["identical_rate"]} for name, row in overall.items() if name != "hf"}
+    """The plugin's figures from a ``tools.bench`` result, per system overall and per workload and
+    system (``"code_raw: defaults"``): speed-up (geometric mean over prompts, each against HF in the
+    same process), tokens/s, identical rate, drafting share (over ``budget0`` where it ran) and
+    accepted tokens per step."""
+    summary = result["summary"]
+    figures = {}
+    for group, rows in summary.items():
+        for name, row in rows.items():
+            if name == "hf" or (group != "overall" and len(summary) <= 2):
+                continue  # one workload: its rows are the overall ones
+            figures[name if group == "overall" else f"{group}: {name}"] = {
+                "speedup": row["speedup_geomean"], "tokens_per_s": row["tokens_per_s"],
+                "identical_rate": row["identical_rate"], "share": row.get("share_geomean"),
+                "accepted": row.get("mean_accepted")}
+    return figures
 
 
 def batch_figures(result: dict) -> dict:
@@ -73,16 +84,18 @@ def batch_figures(result: dict) -> dict:
 
 
 def markdown(rounds: list[dict], old: str, new: str) -> str:
-    """Median speed-ups of the two checkouts and their ratio, per harness entry."""
+    """Median speed-ups of the two checkouts and their ratio, per harness entry, with the drafting
+    share and accepted tokens per step where the entry has them."""
     lines = [f"old: `{old}`, new: `{new}`, {len(rounds)} rounds, interleaved", "",
-             "| harness | entry | old speed-up | new speed-up | new / old | old tok/s | new tok/s | identical (old / new) |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
+             "| harness | entry | old speed-up | new speed-up | new / old | old tok/s | new tok/s | drafting share (old / new) "
+             "| accepted/step (old / new) | identical (old / new) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for harness in ("bench", "batch"):
         if harness not in rounds[0]["old"]:
             continue
         entries = rounds[0]["old"][harness].keys()
         for entry in entries:
-            pick = lambda side, key: [r[side][harness][entry][key] for r in rounds]  # noqa: E731
+            pick = lambda side, key: [r[side][harness][entry].get(key) for r in rounds]  # noqa: E731
             old_up, new_up = median(pick("old", "speedup")), median(pick("new", "speedup"))
             ratio = median(n / o for n, o in zip(pick("new", "speedup"), pick("old", "speedup")))
             same_key = "identical_rate" if harness == "bench" else "identical"
@@ -90,8 +103,17 @@ def markdown(rounds: list[dict], old: str, new: str) -> str:
             label = entry if harness == "bench" else f"batch {entry}"
             lines.append(f"| {'tools.bench' if harness == 'bench' else 'tools.bench.batch'} | {label} | {old_up:.3f}x | "
                          f"{new_up:.3f}x | {ratio:.3f} | {median(pick('old', 'tokens_per_s')):.1f} | "
-                         f"{median(pick('new', 'tokens_per_s')):.1f} | {same} |")
+                         f"{median(pick('new', 'tokens_per_s')):.1f} | {_pair(pick, 'share', 'x')} | "
+                         f"{_pair(pick, 'accepted', '')} | {same} |")
     return "\n".join(lines) + "\n"
+
+
+def _pair(pick, key: str, unit: str) -> str:
+    """``old / new`` medians of ``key`` over the rounds, or blank where the entry lacks it."""
+    old, new = pick("old", key), pick("new", key)
+    if None in old or None in new:
+        return ""
+    return f"{median(old):.2f}{unit} / {median(new):.2f}{unit}"
 
 
 def main(argv: list[str] | None = None) -> dict:
