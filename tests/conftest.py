@@ -17,6 +17,7 @@ from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.base import Drafter
 
 TINY_VOCAB = 320
+CODE_PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"  # the SmolLM2 tests' code stub
 
 # Tiny models run fastest on one thread (thread start-up dominates their
 # matmuls); tests on the real model raise this to their share of the cores (``real_model_threads``).

@@ -100,6 +100,11 @@ class AcceptanceCalibrator:
 RANK_BANDS = np.array([1, 2, 3, 5, 9, 17, 33])  # band b holds ranks in [RANK_BANDS[b], RANK_BANDS[b + 1])
 
 
+def rank_bands(ranks: np.ndarray) -> np.ndarray:
+    """The band (index into ``RANK_BANDS``) of each rank (1 = a tree's most probable draft node)."""
+    return np.searchsorted(RANK_BANDS, ranks, side="right") - 1
+
+
 class RankCorrection:
     """What the merged tree's r-th most probable node delivers against what its probability promised.
 
@@ -129,7 +134,7 @@ class RankCorrection:
         """(count,) the correction of ranks 1..count."""
         w = self.prior_weight
         ratio = np.clip((self.delivered + w) / (self.promised + w), *self.bounds)
-        return ratio[np.searchsorted(RANK_BANDS, np.arange(1, count + 1), side="right") - 1]
+        return ratio[rank_bands(np.arange(1, count + 1))]
 
     def record(self, ranks: np.ndarray, probs: np.ndarray, confirmed: np.ndarray) -> None:
         """One tree's decided draft nodes: ``ranks`` (n,) each node's place by decreasing probability
@@ -137,7 +142,7 @@ class RankCorrection:
         planner gave it, ``confirmed`` (n,) bool whether the model's tokens confirmed it."""
         self.promised *= self.decay
         self.delivered *= self.decay
-        bands = np.searchsorted(RANK_BANDS, ranks, side="right") - 1
+        bands = rank_bands(ranks)
         size = RANK_BANDS.shape[0]
         self.promised += np.bincount(bands, weights=probs, minlength=size)
         self.delivered += np.bincount(bands, weights=confirmed.astype(np.float64), minlength=size)

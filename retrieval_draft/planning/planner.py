@@ -72,7 +72,8 @@ class TreePlanner:
         self.gate = gate if gate is not None else DrafterGate()
         self.observed = observed if observed is not None else ObservedCost()
         self.ranks = ranks if ranks is not None else RankCorrection()
-        self._candidates: list[DraftTree] = []  # each row's full candidate tree of the step being verified
+        # each row's full candidate tree of the step being verified, with its draft nodes by decreasing probability
+        self._candidates: list[tuple[DraftTree, np.ndarray]] = []
         self._curves: dict[int, VerifyCost] = {}  # rows -> the cost curve extended to cover them
 
     def should_ask(self, name: str) -> bool:
@@ -115,9 +116,10 @@ class TreePlanner:
         tree keeps ``width`` draft nodes or fewer. ``cache_len``: cached tokens the trees
         attend to (the longest row's)."""
         fulls = [self.candidates(root, row) for root, row in zip(roots, drafts)]
-        ranked = [np.sort(full.probs[1:])[::-1][: self.tree_budget] for full in fulls]
+        orders = [np.argsort(-full.probs[1:], kind="stable") + 1 for full in fulls]  # ``DraftTree.top``'s order
+        ranked = [full.probs[order[: self.tree_budget]] for full, order in zip(fulls, orders)]
         if self.cost is not None:
-            self._candidates = fulls
+            self._candidates = list(zip(fulls, orders))
             ranked = [probs * self.ranks.factors(probs.shape[0]) for probs in ranked]
         budget = self.width(ranked, cache_len)
         return [full.top(budget, full.probs) for full in fulls]
@@ -157,8 +159,8 @@ class TreePlanner:
         gate. ``draft_seconds``: all rows' drafting time this step."""
         if self.cost is not None and truths:
             if len(self._candidates) == len(truths):
-                for full, truth in zip(self._candidates, truths):
-                    self.grade_ranks(full, truth)
+                for (full, order), truth in zip(self._candidates, truths):
+                    self.grade_ranks(full, order, truth)
             self._candidates = []
             rows = len(truths)
             token_seconds = float(self.cost.seconds[min(rows, self.cost.max_nodes)]) / rows  # a row's share of a plain step
@@ -172,13 +174,13 @@ class TreePlanner:
         d = self.overhead_decay
         self.overhead_s = d * self.overhead_s + (1 - d) * draft_seconds
 
-    def grade_ranks(self, full: DraftTree, truth: np.ndarray) -> None:
-        """Record in ``ranks`` which of the candidate tree ``full``'s draft nodes the model's tokens
-        ``truth`` (accepted + bonus, shape (t,)) confirmed, by rank, pruned nodes included."""
+    def grade_ranks(self, full: DraftTree, order: np.ndarray, truth: np.ndarray) -> None:
+        """Record in ``ranks`` which of the candidate tree ``full``'s draft nodes (``order``: their
+        indices by decreasing probability, shape (n - 1,)) the model's tokens ``truth`` (accepted +
+        bonus, shape (t,)) confirmed, by rank, pruned nodes included."""
         if full.size == 1:
             return
         decided, confirmed = _confirmed(full.tokens, full.parents, full.depths, truth.astype(np.int64, copy=False))
-        order = np.argsort(-full.probs[1:], kind="stable") + 1  # the order ``DraftTree.top`` keeps nodes in
         keep = decided[order]
         ranks = np.arange(1, order.shape[0] + 1)[keep]
         self.ranks.record(ranks, full.probs[order[keep]], confirmed[order[keep]])

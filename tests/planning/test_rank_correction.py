@@ -36,6 +36,8 @@ def test_a_planner_that_saw_its_lower_ranks_fail_verifies_a_smaller_tree():
     taught = TreePlanner(tree_budget=16, cost=curve)
     for _ in range(300):
         taught.plan([1], [drafts])
-        taught.grade_ranks(taught.candidates(1, drafts), np.array([10, 3]))  # only the first guess ever holds
+        full = taught.candidates(1, drafts)
+        order = np.argsort(-full.probs[1:], kind="stable") + 1
+        taught.grade_ranks(full, order, np.array([10, 3]))  # only the first guess ever holds
     assert taught.plan([1], [drafts])[0].size < fresh.plan([1], [drafts])[0].size
     assert taught.plan([1], [drafts])[0].size >= 2  # the reliable node stays

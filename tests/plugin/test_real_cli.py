@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.real_model, pytest.mark.usefixtures("real_model_threads")]  # the in-process runs too
+from tests.conftest import CODE_PROMPT as CODE
 
-CODE = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+pytestmark = [pytest.mark.real_model, pytest.mark.usefixtures("real_model_threads")]  # the in-process runs too
 
 
 def test_cli_compare_reports_identical_output():

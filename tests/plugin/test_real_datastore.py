@@ -7,10 +7,10 @@ import torch
 
 import retrieval_draft
 from retrieval_draft.session import GenerationRequest
+from tests.conftest import CODE_PROMPT as CODE
 
 pytestmark = pytest.mark.real_model
 
-CODE = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ from transformers import TextStreamer
 
 import retrieval_draft
 from retrieval_draft.session import GenerationRequest
+from tests.conftest import CODE_PROMPT as CODE
 
 pytestmark = pytest.mark.real_model
 
-CODE = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 EDIT = (
     "Add a docstring to this function and repeat it:\n\n"
     "def area(width, height):\n    if width < 0 or height < 0:\n        raise ValueError('negative')\n"
