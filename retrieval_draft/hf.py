@@ -31,6 +31,7 @@ from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.model.generate_kwargs import eos_token_ids, pad_token_id, receives_generate_kwargs
 from retrieval_draft.model.row_processors import row_processors
+from retrieval_draft.model.attention_layout import CHAIN
 from retrieval_draft.model.tree_model import TreeModel, context_limit, validate_inputs
 
 if TYPE_CHECKING:
@@ -133,13 +134,17 @@ def generate(
     # One generation at a time per model: a tree forward switches the model's attention
     # function and linear layers for its duration, which another thread must not see.
     with memory.model(model).lock:
-        planner = draft_planner if draft_planner is not None else make_planner(model, config, options.do_sample, memory)
+        tree_model = TreeModel(model)
+        if draft_planner is None:  # one row verified as trees can measure the cost curve while it decodes
+            can_probe = rows == 1 and tree_model.layout.mode != CHAIN
+            planner = make_planner(model, config, options.do_sample, memory, can_probe)
+        else:
+            planner = draft_planner
         for row, streamer in enumerate(streamers):
             if streamer is not None:
                 streamer.put(input_ids[row : row + 1, attention_mask[row].bool()].cpu())
-        measured = planner.cost.skinny_sizes if planner.cost is not None else None
         outputs, stats = speculative_decode(
-            TreeModel(model, skinny_sizes=measured), input_ids.cpu(), given, options, attention_mask=attention_mask,
+            tree_model, input_ids.cpu(), given, options, attention_mask=attention_mask,
             planner=planner, processor=logits_processor,
             generator=_sampling_generator(draft_seed) if options.do_sample else None,
             should_stop=_extra_stop_check(stopping_criteria),
@@ -148,6 +153,7 @@ def generate(
         for streamer in streamers:
             if streamer is not None:
                 streamer.end()
+        memory.finish_probe(model)
         if config.draft_learning and draft_planner is None:
             memory.save_learned(model)
     if draft_stats is not None:
@@ -193,17 +199,20 @@ def _sampling_generator(seed: int | None) -> torch.Generator:
     return generator
 
 
-def make_planner(model, config: DraftConfig, sampling: bool, memory: PluginMemory = PROCESS_MEMORY) -> TreePlanner:
+def make_planner(
+    model, config: DraftConfig, sampling: bool, memory: PluginMemory = PROCESS_MEMORY, can_probe: bool = False
+) -> TreePlanner:
     """A tree planner for one call: cost-aware when ``config.adaptive_tree`` (the model's
-    curve from ``memory``, kept on disk across processes), else fixed size; with
-    ``config.draft_learning`` it shares the model's learned rates and cost corrections."""
-    cost = memory.cost(model) if config.adaptive_tree else None
+    curve from ``memory``, kept on disk across processes; where there is none yet, a call that
+    ``can_probe`` measures it from its own forwards, ``PluginMemory.planning_cost``), else fixed
+    size; with ``config.draft_learning`` it shares the model's learned rates and cost corrections."""
+    cost, probe = memory.planning_cost(model, can_probe) if config.adaptive_tree else (None, None)
     if not config.draft_learning:
-        return TreePlanner(tree_budget=config.tree_budget, cost=cost)
+        return TreePlanner(tree_budget=config.tree_budget, cost=cost, probe=probe)
     learned = memory.model(model)
     return TreePlanner(
         tree_budget=config.tree_budget, cost=cost, calibrators=learned.rates[bool(sampling)], observed=learned.observed,
-        ranks=learned.ranks[bool(sampling)],
+        ranks=learned.ranks[bool(sampling)], probe=probe,
     )
 
 

@@ -23,6 +23,7 @@ from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.planning.calibration import AcceptanceCalibrator, RankCorrection
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
+from retrieval_draft.planning.cost_probe import CostProbe
 from retrieval_draft.store.store_cache import StoreCache
 
 
@@ -32,6 +33,7 @@ class ModelMemory:
 
     Attributes:
         cost: measured forward cost by tree size, or None until first needed.
+        probe: the measurement of ``cost`` while decoding completes it (``cost_probe``), else None.
         observed: corrections of ``cost`` from the forward times decoding saw.
         rates: sampling flag -> drafter name -> calibrator (shared, updated in place);
             read from the disk cache when the memory is created (``rates_file``).
@@ -45,6 +47,7 @@ class ModelMemory:
     """
 
     cost: VerifyCost | None = None
+    probe: CostProbe | None = None
     observed: ObservedCost = field(default_factory=ObservedCost)
     rates: dict[bool, dict[str, AcceptanceCalibrator]] = field(default_factory=lambda: {False: {}, True: {}})
     ranks: dict[bool, RankCorrection] = field(default_factory=lambda: {False: RankCorrection(), True: RankCorrection()})
@@ -110,13 +113,44 @@ class PluginMemory:
         return model in self._models
 
     def cost(self, model: torch.nn.Module) -> VerifyCost:
-        """The model's cost curve: remembered, else read from the disk cache or measured once."""
-        from retrieval_draft.planning.cost_file import load_or_measure_cost
+        """The model's cost curve: remembered, else read from the disk cache, else measured
+        now over random chains (``measure_cost``, completing a measurement decoding began)."""
+        return self.planning_cost(model, can_probe=False)[0]
+
+    def planning_cost(self, model: torch.nn.Module, can_probe: bool) -> tuple[VerifyCost | None, CostProbe | None]:
+        """What a call plans with: (the model's curve, None) where one is remembered or stored;
+        else, for a call that can probe while it decodes (``can_probe``: one row, tree
+        verification), (None, the model's measurement in progress); else the curve measured now."""
+        from retrieval_draft.planning.cost_file import load_cost
+        from retrieval_draft.planning.cost_probe import measure_cost, new_probe
 
         memory = self.model(model)
         if memory.cost is None:
-            memory.cost = load_or_measure_cost(model)
-        return memory.cost
+            memory.cost = load_cost(model)
+        if memory.cost is not None:
+            return memory.cost, None
+        if memory.probe is None:
+            memory.probe = new_probe(model)
+        if can_probe:
+            return None, memory.probe
+        self._adopt(model, measure_cost(model, probe=memory.probe))
+        return memory.cost, None
+
+    def finish_probe(self, model: torch.nn.Module) -> None:
+        """Once ``model``'s measurement is complete, its curve becomes the model's."""
+        memory = self.model(model)
+        if memory.probe is not None and memory.probe.complete:
+            self._adopt(model, memory.probe.curve())
+
+    def _adopt(self, model: torch.nn.Module, cost: VerifyCost) -> None:
+        """``cost``, a finished measurement, becomes ``model``'s curve, kept on disk when the
+        machine stayed steady while it was measured."""
+        from retrieval_draft.planning.cost_file import store_cost
+
+        memory = self.model(model)
+        memory.cost, memory.probe = cost, None
+        if cost.steady:
+            store_cost(model, cost)
 
     def fingerprint(self, tokenizer) -> str:
         """The tokenizer's fingerprint, computed once per tokenizer object and size

@@ -13,7 +13,7 @@ Writes under ``--out``:
   real model when its file is present (SmolLM2-135M by default; skipped with
   the reason when it cannot be loaded, e.g. no ``gguf`` package).
 - ``cost.json``: milliseconds of one tree forward over k = 1..256 new tokens
-  after a 256-token cache (``planning.cost.time_chain``: CUDA-event timed on
+  after a 256-token cache (``planning.cost_probe.time_chain``: CUDA-event timed on
   a GPU), for the real model and for randomly initialised models with the
   shapes of Llama 3.2 1B and Llama 3.1 8B in bfloat16 (cost does not depend
   on trained weights).
@@ -172,7 +172,7 @@ def load_real(path: str | None):
 
 def cost_curve(model, sizes: list[int], cache_len: int, repeats: int, warmups: int) -> dict:
     """{k: median ms of one forward over k new tokens} after a ``cache_len``-token random prompt."""
-    from retrieval_draft.planning.cost import time_chain
+    from retrieval_draft.planning.cost_probe import time_chain
     from retrieval_draft.model.tree_model import TreeModel
 
     rng = np.random.default_rng(0)

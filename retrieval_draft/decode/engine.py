@@ -208,6 +208,9 @@ def _step(run: _Run, rows: list[_Row]) -> None:
     roots = [int(row.context[row.emitted - 1]) for row in rows]
     cache_len = model.length
     trees = [model.verifiable(tree) for tree in planner.plan(roots, drafts, cache_len)]
+    matmul = planner.matmul_sizes()
+    if matmul is not None:
+        model.skinny_sizes = matmul
     planned = clock()
     packed = model.pack(trees)
     launched = clock()

@@ -16,7 +16,15 @@ from retrieval_draft.tree import DraftTree
 
 
 class TreeScorer(Protocol):
-    """B rows of a batch, each with its cached tokens; trees are scored one step at a time."""
+    """B rows of a batch, each with its cached tokens; trees are scored one step at a time.
+
+    Attributes:
+        skinny_sizes: forward sizes (rows x width) that take the CPU skinny matmul; the engine
+            sets it each step from the planner (``TreePlanner.matmul_sizes``), a model
+            without that path ignores it.
+    """
+
+    skinny_sizes: frozenset
 
     @property
     def rows(self) -> int:

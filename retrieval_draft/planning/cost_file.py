@@ -5,7 +5,7 @@ runs: the file is keyed by a hash of the model config (its name and path
 left out), dtype, device, torch threads, CPU model and library versions.
 It lives in the user's cache directory (``cache_dir.cache_root``), under
 ``cost-curves/<key>.json``. Writes are atomic; a corrupt, truncated
-or foreign file is ignored (and replaced by a fresh measurement).
+or foreign file is ignored (and replaced by the next measurement's).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from retrieval_draft.cache_dir import cache_file, write_cache_json
-from retrieval_draft.planning.cost import VerifyCost, measure_cost
+from retrieval_draft.planning.cost import VerifyCost
 
 # Bump when the measurement or the decode path changes what a curve means.
 COST_FILE_FORMAT = 4  # 2: spiked probes are timed again (``cost.spiked``); 3: the skinny kernel competes from 1 row;
@@ -94,16 +94,10 @@ def write_cost(path: Path, key: dict, cost: VerifyCost) -> None:
     write_cache_json(path, body)
 
 
-def load_or_measure_cost(model: torch.nn.Module) -> VerifyCost:
-    """The model's cost curve from the disk cache, else measured now (~1.5 s on CPU) and stored."""
+def load_cost(model: torch.nn.Module) -> VerifyCost | None:
+    """The model's cost curve from the disk cache, or None where none is stored for it."""
     key = cost_key(model)
-    path = cost_path(key)
-    cost = read_cost(path, key)
-    if cost is None:
-        cost = measure_cost(model)
-        if cost.steady:
-            write_cost(path, key, cost)
-    return cost
+    return read_cost(cost_path(key), key)
 
 
 def store_cost(model: torch.nn.Module, cost: VerifyCost) -> None:

@@ -12,6 +12,12 @@ the node budget goes where drafts are good; when drafts do not pay, W is 1
 (the lone root: plain decoding). Without a cost curve every row keeps up to
 ``tree_budget`` nodes.
 
+Given a ``CostProbe`` instead of a curve (the first single-row call of a process with no
+stored curve), the planner measures the curve from decoding's own forwards: while the probe
+wants a forward of n tokens that the step's candidates can fill, the step verifies the n most
+probable nodes (through the matmul path the probe names, ``matmul_sizes``) and the forward's
+time is recorded; other steps are sized by the curve from the sizes timed so far.
+
 The cost curve is measured up to 64 tokens; beyond that it is extended along
 the slope of its last stretch (``extended_cost``). One ``ObservedCost`` (the model's,
 kept by the plugin) corrects it with the forward times decoding sees, per band of rows
@@ -29,6 +35,7 @@ from retrieval_draft.tree import DraftTree, merge_flat
 from retrieval_draft.draft import Draft, laid_end_to_end, matched_prefixes
 from retrieval_draft.planning.calibration import AcceptanceCalibrator, RankCorrection
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
+from retrieval_draft.planning.cost_probe import CostProbe, Probe, probe_path
 from retrieval_draft.planning.drafter_gate import DrafterGate
 
 SourcedDrafts = list[tuple[str, Draft]]  # (drafter name, draft)
@@ -50,6 +57,8 @@ class TreePlanner:
             cache length), shared like ``calibrators`` (the plugin keeps one per model).
         ranks: what the merged trees' ranks delivered against their probabilities, which
             scales them when a tree is sized (``RankCorrection``), shared like ``calibrators``.
+        probe: a cost measurement to complete from this planner's single-row steps (the curve
+            then comes from it: ``cost`` is ignored); shared like ``calibrators``.
     """
 
     def __init__(
@@ -61,11 +70,14 @@ class TreePlanner:
         gate: DrafterGate | None = None,
         observed: ObservedCost | None = None,
         ranks: RankCorrection | None = None,
+        probe: CostProbe | None = None,
     ) -> None:
         if tree_budget < 0:
             raise ValueError("tree_budget must be >= 0")
         self.tree_budget = tree_budget
-        self.cost = cost
+        self.probe = probe if probe is not None and not probe.complete else None
+        self.cost = probe.curve() if probe is not None else cost
+        self._probing: Probe | None = None  # the probe this step's forward runs, if any
         self.calibrators: dict[str, AcceptanceCalibrator] = calibrators if calibrators is not None else {}
         self.overhead_decay = overhead_decay
         self.overhead_s = 0.0
@@ -121,8 +133,24 @@ class TreePlanner:
         if self.cost is not None:
             self._candidates = list(zip(fulls, orders))
             ranked = [probs * self.ranks.factors(probs.shape[0]) for probs in ranked]
-        budget = self.width(ranked, cache_len)
+        self._probing = self._fitting_probe(ranked)
+        budget = self._probing.tokens - 1 if self._probing is not None else self.width(ranked, cache_len)
         return [full.top(budget, full.probs) for full in fulls]
+
+    def _fitting_probe(self, ranked: list[np.ndarray]) -> Probe | None:
+        """The probe's next forward, when this step is one row whose candidates fill it."""
+        if self.probe is None or len(ranked) != 1:
+            return None
+        wanted = self.probe.pending()
+        return wanted if wanted is not None and wanted.tokens - 1 <= ranked[0].shape[0] else None
+
+    def matmul_sizes(self) -> frozenset | None:
+        """Forward sizes (rows x width) that take the skinny matmul this step
+        (``TreeModel.skinny_sizes``); None leaves the model's own."""
+        measured = self.cost.skinny_sizes if self.cost is not None else None
+        if self._probing is None or not self.probe.kernel_possible:
+            return measured
+        return probe_path(measured if measured is not None else frozenset(), self._probing)
 
     def width(self, ranked: list[np.ndarray], cache_len: int = 0) -> int:
         """Draft nodes per row (W - 1) that maximise expected tokens per second after
@@ -146,8 +174,17 @@ class TreePlanner:
 
     def observe_forward(self, rows: int, tokens: int, seconds: float, cache_len: int = 0) -> None:
         """A forward over ``rows`` rows' trees, ``tokens`` new tokens in all (rows x width), after
-        ``cache_len`` cached tokens, took ``seconds``."""
-        if self.cost is not None:
+        ``cache_len`` cached tokens, took ``seconds``. A probe's forward goes to the probe
+        (the curve then grows); no other forward corrects the curve until the probe is done."""
+        if self._probing is not None:
+            probing, self._probing = self._probing, None
+            if rows == 1 and tokens == probing.tokens:
+                self.probe.record(probing, seconds)
+                self.cost = self.probe.curve()
+                self._curves = {}
+                if self.probe.complete:
+                    self.probe = None
+        elif self.cost is not None and self.probe is None:
             self.observed.observe(self._curve(rows), tokens, seconds, cache_len, rows)
 
     def observe(

@@ -20,7 +20,7 @@ from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
 from retrieval_draft.tree import DraftTree, build_tree
 from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
-from retrieval_draft.planning import cost
+from retrieval_draft.planning import cost_probe
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.planning.timing import CUDA_EVENTS, HOST_CLOCK, SYNCHRONIZED, ForwardTimer, timing_mode
 from retrieval_draft.model.kv_cache import GrowingLayer
@@ -195,7 +195,7 @@ class RecordingPlanner(TreePlanner):
 
 def test_decoding_and_cost_measurement_time_forwards_with_the_device_timer(tiny_llama, monkeypatch):
     monkeypatch.setattr(engine, "ForwardTimer", FixedTimer)
-    monkeypatch.setattr(cost, "ForwardTimer", FixedTimer)
+    monkeypatch.setattr(cost_probe, "ForwardTimer", FixedTimer)
     planner = RecordingPlanner(tree_budget=8)
     options = DecodeOptions(max_new_tokens=12, eos_ids=frozenset())
     speculative_decode(TreeModel(tiny_llama), random_prompt(1, repeat=2), [[PromptLookupDrafter()]], options, planner=planner)
@@ -203,5 +203,5 @@ def test_decoding_and_cost_measurement_time_forwards_with_the_device_timer(tiny_
     rng = np.random.default_rng(0)
     tree_model = TreeModel(tiny_llama)
     tree_model.prefill(random_prompt(2))
-    assert cost.time_chain(tree_model, 4, rng, repeats=2) == 0.125
+    assert cost_probe.time_chain(tree_model, 4, rng, repeats=2) == 0.125
     assert set(FixedTimer.devices) == {torch.device("cpu")}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from retrieval_draft.tree import DraftTree
-from retrieval_draft.planning.cost import kernel_sizes, measure_cost
+from retrieval_draft.planning.cost_probe import kernel_sizes, measure_cost
 from retrieval_draft.model.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_forwards, skinny_linear, skinny_linears, skinny_matmul
 from retrieval_draft.model.tree_model import TreeModel
 

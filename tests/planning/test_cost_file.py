@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import retrieval_draft.planning.cost_file as cost_file
+import retrieval_draft.planning.cost_probe as cost_probe
 from retrieval_draft.cache_dir import CACHE_ENV, cache_root
 from retrieval_draft.memory import PluginMemory
 from retrieval_draft.planning.cost import VerifyCost
@@ -21,11 +22,11 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     measured = []
 
-    def fake_measure(model):
+    def fake_measure(model, probe=None):
         measured.append(model)
         return CURVE
 
-    monkeypatch.setattr(cost_file, "measure_cost", fake_measure)
+    monkeypatch.setattr(cost_probe, "measure_cost", fake_measure)
     return measured
 
 

@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from retrieval_draft.atomic import atomic_write_bytes
-from retrieval_draft.planning.cost import time_chain
+from retrieval_draft.planning.cost_probe import time_chain
 from retrieval_draft.model.models import load_model
 from retrieval_draft.model.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_linear
 from retrieval_draft.model.tree_model import TreeModel

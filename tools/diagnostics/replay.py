@@ -48,7 +48,7 @@ from retrieval_draft.planning.planner import TreePlanner
 
 # ms per forward over k new tokens after a 256-token cache, SmolLM2-135M, 2 cores, torch 2.13,
 # with the in-place KV cache, grouped tree attention and the skinny matmul for 4-15 nodes
-# (``retrieval_draft.planning.cost.measure_cost``, 5 repeats, 2026-11-22).
+# (``measure_cost``, now ``retrieval_draft.planning.cost_probe.measure_cost``, 5 repeats, 2026-11-22).
 DEFAULT_CURVE = VerifyCost.from_points(
     (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
     np.array((31.6, 32.4, 34.7, 42.4, 46.5, 52.0, 60.2, 68.1, 77.8, 84.5, 99.4, 123.9)) / 1000,
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         store = open_datastore(args.datastore)
     cost = DEFAULT_CURVE
     if args.measure:
-        from retrieval_draft.planning.cost import measure_cost
+        from retrieval_draft.planning.cost_probe import measure_cost
         from retrieval_draft.model.models import load_model
 
         cost = measure_cost(load_model(None))

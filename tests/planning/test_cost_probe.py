@@ -1,0 +1,148 @@
+"""The cost curve measured from decoding's own forwards: the probe's schedule, the planner that
+serves it, and the plugin's first call that measures nothing before it decodes."""
+
+import numpy as np
+import pytest
+import torch
+
+import retrieval_draft
+import retrieval_draft.planning.cost_probe as cost_probe
+from retrieval_draft.cache_dir import CACHE_ENV
+from retrieval_draft.draft import Draft
+from retrieval_draft.memory import PluginMemory
+from retrieval_draft.planning.cost_file import load_cost
+from retrieval_draft.planning.cost_probe import AGAIN, SETTLE, SETUP, TIME, CostProbe, Probe
+from retrieval_draft.planning.planner import TreePlanner
+from tests.conftest import make_tiny_llama, random_prompt
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """No curve stored by another test's same-shaped model."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+
+
+def run_schedule(probe: CostProbe, seconds) -> list[Probe]:
+    """Serve ``probe`` until complete with ``seconds(probe)``; the forwards it asked for."""
+    asked = []
+    while (wanted := probe.pending()) is not None:
+        asked.append(wanted)
+        probe.record(wanted, seconds(wanted))
+        assert len(asked) < 50
+    return asked
+
+
+def test_the_schedule_sets_up_the_kernel_times_each_size_and_settles():
+    probe = CostProbe(sizes=(1, 2, 4), kernel_possible=True)
+    kernel = {1: 0.05, 2: 0.30, 4: 0.07}  # the 2-token kernel forward ran while the cores were busy
+    plain = {1: 0.08, 2: 0.09, 4: 0.12}
+    again = []
+
+    def seconds(p):
+        if p.role == AGAIN:
+            again.append(p.tokens)
+            return 0.06
+        return (kernel if p.kernel else plain)[p.tokens]
+
+    asked = run_schedule(probe, seconds)
+    assert asked[0] == Probe(1, True, SETUP)
+    timed = [(p.tokens, p.kernel) for p in asked if p.role == TIME]
+    # size 4: the kernel's 0.07 s beat the slowest smaller plain forward (0.09 s), so plain is not timed there
+    assert timed == [(1, True), (1, False), (2, True), (2, False), (4, True)]
+    assert again == []  # 2 tokens went plain (0.09 s): no spike among the faster paths
+    assert asked[-1].role == SETTLE and asked[-1] == Probe(1, True, SETTLE)
+    curve = probe.curve()
+    assert curve.seconds[1] == pytest.approx(0.05) and curve.seconds[2] == pytest.approx(0.09)
+    assert curve.seconds[4] == pytest.approx(0.09)  # 0.07 raised to the smaller sizes' level
+    assert 1 in curve.skinny_sizes and 2 not in curve.skinny_sizes and 4 in curve.skinny_sizes and curve.steady
+
+
+def test_a_spiked_size_is_timed_again_and_a_busy_close_is_not_steady():
+    probe = CostProbe(sizes=(1, 2, 4), kernel_possible=False)
+    times = {1: 0.05, 2: 0.20, 4: 0.08}
+    asked = run_schedule(probe, lambda p: {AGAIN: 0.06, SETTLE: 0.09}.get(p.role, times[p.tokens]))
+    assert [p.tokens for p in asked if p.role == AGAIN] == [2]
+    assert probe.curve().seconds[2] == pytest.approx(0.06)
+    assert not probe.curve().steady  # the closing forward took 0.09 s against the first 0.05 s
+
+
+def test_a_partial_curve_covers_the_sizes_timed_so_far():
+    probe = CostProbe(sizes=(1, 2, 4, 8), kernel_possible=False)
+    assert probe.curve() is None
+    probe.record(probe.pending(), 0.05)
+    probe.record(probe.pending(), 0.06)
+    assert probe.pending() == Probe(4, False, TIME) and not probe.complete
+    assert probe.curve().max_nodes == 2 and probe.curve().seconds[2] == pytest.approx(0.06)
+
+
+def candidates(n: int) -> list:
+    """One row's drafts: a chain of ``n`` likely tokens."""
+    return [[("prompt", Draft(np.arange(10, 10 + n), np.full(n, 0.9)))]]
+
+
+def test_a_planner_verifies_the_probed_sizes_and_routes_each_through_the_probed_path():
+    probe = CostProbe(sizes=(1, 2, 4), kernel_possible=True)
+    planner = TreePlanner(tree_budget=8, probe=probe)
+    seen = []
+    for _ in range(20):
+        wanted = probe.pending()
+        tree = planner.plan([1], candidates(8))[0]
+        seen.append((wanted, tree.size, planner.matmul_sizes()))
+        planner.observe_forward(1, tree.size, 0.01 * tree.size + (0.005 if wanted.kernel else 0.02))
+        if planner.probe is None:
+            break
+    assert probe.complete and planner.probe is None and planner.cost is not None
+    for wanted, size, matmul in seen:
+        assert size == wanted.tokens  # each step verified the forward the probe wanted
+        assert (size in matmul) == wanted.kernel
+    # done: the curve's own paths (the kernel won everywhere here), and its forwards now correct it
+    planner.plan([1], candidates(8))
+    assert planner.matmul_sizes() == planner.cost.skinny_sizes and 4 in planner.cost.skinny_sizes
+    planner.observe_forward(1, 3, 0.5)
+    assert planner.observed.count.sum() == 1
+
+
+def test_a_step_whose_candidates_cannot_fill_the_probe_is_planned_and_not_recorded():
+    probe = CostProbe(sizes=(1, 8), kernel_possible=False)
+    probe.record(probe.pending(), 0.05)  # size 1 timed: 8 is next
+    planner = TreePlanner(tree_budget=8, probe=probe)
+    tree = planner.plan([1], candidates(3))[0]
+    assert tree.size <= 4 and planner.matmul_sizes() is None
+    planner.observe_forward(1, tree.size, 9.0)
+    assert probe.pending() == Probe(8, False, TIME) and probe.plain == {1: 0.05}
+
+
+def test_the_first_call_measures_the_curve_from_its_own_forwards(monkeypatch):
+    """No measurement before decoding on one row: the call's forwards complete the probe (small
+    sizes here, so a short random-weight generation fills them), the output is HF's, and the
+    curve is kept for the next process; a batch call with no curve still measures first."""
+    def no_measurement(*args, **kwargs):
+        raise AssertionError("measured before decoding")
+
+    monkeypatch.setattr(cost_probe, "measure_cost", no_measurement)
+    model = make_tiny_llama(seed=41)
+    memory = PluginMemory(persist=False)
+    memory.model(model).probe = CostProbe(sizes=(1, 2, 4), kernel_possible=True)
+    prompt = random_prompt(7, repeat=3)
+    expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False)
+    for _ in range(3):
+        out = model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False,
+            custom_generate=retrieval_draft.generate, draft_memory=memory,
+        )
+        assert torch.equal(out, expected)
+        if memory.model(model).cost is not None:
+            break
+    learned = memory.model(model)
+    assert learned.probe is None and learned.cost.max_nodes == 4
+    stored = load_cost(model)
+    assert (stored is not None) == learned.cost.steady  # kept unless the machine was busy while measured
+    assert stored is None or np.allclose(stored.seconds, learned.cost.seconds)
+
+    batch_model = make_tiny_llama(seed=42, vocab_size=96)  # another shape: nothing stored for it
+    measured = []
+    monkeypatch.setattr(cost_probe, "measure_cost", lambda model, probe=None: measured.append(probe) or learned.cost)
+    prompts = torch.cat([random_prompt(8, vocab_size=96), random_prompt(9, vocab_size=96)])
+    batch_model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=4, do_sample=False,
+                         custom_generate=retrieval_draft.generate, draft_memory=memory)
+    assert len(measured) == 1 and memory.model(batch_model).cost is learned.cost
