@@ -18,7 +18,7 @@ wants a forward of n tokens that the step's candidates can fill, the step verifi
 probable nodes (through the matmul path the probe names, ``matmul_sizes``) and the forward's
 time is recorded; other steps are sized by the curve from the sizes timed so far.
 
-The cost curve is measured up to 64 tokens; beyond that it is extended along
+The cost curve is measured up to 32 tokens (``cost_probe.PROBE_SIZES``); beyond that it is extended along
 the slope of its last stretch (``extended_cost``). One ``ObservedCost`` (the model's,
 kept by the plugin) corrects it with the forward times decoding sees, per band of rows
 (forwards of several rows also read B caches) and of cache length (trees after a long
