@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from retrieval_draft.model.skinny_linear import SKINNY_ROWS
+from retrieval_draft.model.skinny_linear import SKINNY_ROWS, eligible_linears
 from retrieval_draft.planning.cost import VerifyCost
 from retrieval_draft.planning.timing import ForwardTimer
 
@@ -56,6 +56,11 @@ class Probe:
     tokens: int
     kernel: bool
     role: str
+
+    @property
+    def matmul_sizes(self) -> frozenset:
+        """``TreeModel.skinny_sizes`` for this forward: its size through the kernel or not."""
+        return frozenset([self.tokens]) if self.kernel else frozenset()
 
 
 class CostProbe:
@@ -175,8 +180,6 @@ def kernel_sizes(kernel_wins: dict[int, bool]) -> frozenset:
 def new_probe(model: torch.nn.Module, sizes=PROBE_SIZES) -> CostProbe:
     """A measurement for ``model``: the kernel competes where it is float32 on a CPU, and a
     GPU runs each size once untimed first."""
-    from retrieval_draft.model.skinny_linear import eligible_linears
-
     device = next(model.parameters()).device
     return CostProbe(sizes, kernel_possible=bool(eligible_linears(model)), setup_each_size=device.type != "cpu")
 
@@ -198,17 +201,10 @@ def measure_cost(
     tree_model = TreeModel(model)
     rng = np.random.default_rng(0)
     tree_model.prefill(torch.from_numpy(rng.integers(0, model.config.vocab_size, size=(1, cache_len))))
-    measured = probe.curve()
-    base = measured.skinny_sizes if measured is not None and measured.skinny_sizes is not None else frozenset()
     while (wanted := probe.pending()) is not None:
-        tree_model.skinny_sizes = probe_path(base, wanted)
+        tree_model.skinny_sizes = wanted.matmul_sizes
         probe.record(wanted, time_chain(tree_model, wanted.tokens, rng, 1 if wanted.role == SETUP else repeats, 0))
     return probe.curve()
-
-
-def probe_path(skinny_sizes: frozenset, probe: Probe) -> frozenset:
-    """``skinny_sizes`` with ``probe``'s size routed as the probe wants."""
-    return skinny_sizes | {probe.tokens} if probe.kernel else skinny_sizes - {probe.tokens}
 
 
 def time_chain(tree_model, size: int, rng: np.random.Generator, repeats: int, warmups: int = 1) -> float:

@@ -35,7 +35,7 @@ from retrieval_draft.tree import DraftTree, merge_flat
 from retrieval_draft.draft import Draft, laid_end_to_end, matched_prefixes
 from retrieval_draft.planning.calibration import AcceptanceCalibrator, RankCorrection
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
-from retrieval_draft.planning.cost_probe import CostProbe, Probe, probe_path
+from retrieval_draft.planning.cost_probe import CostProbe, Probe
 from retrieval_draft.planning.drafter_gate import DrafterGate
 
 SourcedDrafts = list[tuple[str, Draft]]  # (drafter name, draft)
@@ -147,10 +147,9 @@ class TreePlanner:
     def matmul_sizes(self) -> frozenset | None:
         """Forward sizes (rows x width) that take the skinny matmul this step
         (``TreeModel.skinny_sizes``); None leaves the model's own."""
-        measured = self.cost.skinny_sizes if self.cost is not None else None
-        if self._probing is None or not self.probe.kernel_possible:
-            return measured
-        return probe_path(measured if measured is not None else frozenset(), self._probing)
+        if self._probing is not None:
+            return self._probing.matmul_sizes
+        return self.cost.skinny_sizes if self.cost is not None else None
 
     def width(self, ranked: list[np.ndarray], cache_len: int = 0) -> int:
         """Draft nodes per row (W - 1) that maximise expected tokens per second after

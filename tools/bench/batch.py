@@ -20,7 +20,9 @@ row, when its last token appeared, for HF, for us, and for each prompt decoded
 alone by HF (plain decoding), so each row's own tokens/s can be compared.
 
 Untimed warm-up: one HF and one plugin call of 8 tokens on another prompt (torch's
-first-call set-up and the plugin's one-off cost-curve measurement, ~5 s).
+first-call set-up; the plugin's call starts its cost-curve measurement from its own forwards where
+no curve is stored, and the timed calls complete it: a single-row one from its forwards, a batch
+over random chains before it decodes).
 Writes PREFIX.json and PREFIX.md (default bench/results/2026-11-23-cpu2-smollm2-batch).
 """
 
