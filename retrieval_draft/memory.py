@@ -125,7 +125,7 @@ class PluginMemory:
         from retrieval_draft.planning.cost_probe import measure_cost, new_probe
 
         memory = self.model(model)
-        if memory.cost is None:
+        if memory.cost is None and memory.probe is None:  # a probe in progress: the disk had no curve
             memory.cost = load_cost(model)
         if memory.cost is not None:
             return memory.cost, None
