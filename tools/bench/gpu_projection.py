@@ -62,12 +62,11 @@ def flat_planner(forward_s: float) -> TreePlanner:
                        observed=UnobservedCost())
 
 
-def run_system(model, prompts: list[torch.Tensor], max_new_tokens: int, drafters, forward_s: float,
-               fixed: bool = False, sampling: bool = False) -> dict:
-    """The README call with a flat-cost planner (``fixed``: fixed ``FLAT_NODES``-node trees) over
+def run_system(model, prompts: list[torch.Tensor], max_new_tokens: int, drafters, planner: TreePlanner | None,
+               sampling: bool = False) -> dict:
+    """The README call with ``draft_planner=planner`` (None: fixed ``FLAT_NODES``-node trees) over
     ``prompts`` on one handle, greedy or (``sampling``) with ``SAMPLING`` seeded per call; totals and outputs."""
-    trees = ({"adaptive_tree": False, "tree_budget": FLAT_NODES} if fixed
-             else {"draft_planner": flat_planner(forward_s)})
+    trees = {"adaptive_tree": False, "tree_budget": FLAT_NODES} if planner is None else {"draft_planner": planner}
     total, outputs = DecodeStats(), []
     for ids in prompts:
         stats = DecodeStats()
@@ -106,15 +105,13 @@ def measure(session, workloads: dict, max_new_tokens: int, forward_ms: list[floa
     for name, group in workloads.items():
         prompts = [encode(session, p) for p in group]
         started = time.perf_counter()
-        hf_host, _ = plain_host_ms(session.model, prompts, max_new_tokens)
-        plain = [] if sampling else [  # what greedy outputs must equal (a sample is compared with nothing)
-            session.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                   do_sample=False) for ids in prompts]
+        hf_host, _, plain = plain_host_ms(session.model, prompts, max_new_tokens)  # what greedy outputs must equal
         rows = {}
         for system in systems:
             drafters = [peers.SuffixDecodingDrafter(suffix_class)] if system == "suffix" else None
             handle = copy.copy(session.model)  # its own plugin memory (history, rates), as tools.bench keeps it
-            row = run_system(handle, prompts, max_new_tokens, drafters, forward_ms[0] / 1000, fixed, sampling)
+            planner = None if fixed else flat_planner(forward_ms[0] / 1000)
+            row = run_system(handle, prompts, max_new_tokens, drafters, planner, sampling)
             outputs = row.pop("outputs")
             row["identical"] = None if sampling else all(torch.equal(a, b) for a, b in zip(outputs, plain))
             row.update(project(row, hf_host, forward_ms))

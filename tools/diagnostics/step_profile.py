@@ -115,10 +115,11 @@ def ours(model, batches: list[torch.Tensor], max_new_tokens: int, memory: Plugin
     return row
 
 
-def plain_host_ms(model, batches: list[torch.Tensor], max_new_tokens: int) -> tuple[float, float]:
+def plain_host_ms(model, batches: list[torch.Tensor], max_new_tokens: int) -> tuple[float, float, list[torch.Tensor]]:
     """Plain HF greedy: (wall - time inside the forward) per generated token (per row-token
-    step: a batch's B rows advance together), in ms; and the calls' wall seconds."""
+    step: a batch's B rows advance together), in ms; the calls' wall seconds; their outputs."""
     wall = tokens = 0.0
+    outputs = []
     with forward_clock(model) as spent:
         for ids in batches:
             _synchronize(model)
@@ -128,7 +129,8 @@ def plain_host_ms(model, batches: list[torch.Tensor], max_new_tokens: int) -> tu
             _synchronize(model)
             wall += time.perf_counter() - started
             tokens += out.shape[1] - ids.shape[1]
-    return round(1000 * (wall - sum(spent)) / max(tokens, 1), 3), wall
+            outputs.append(out)
+    return round(1000 * (wall - sum(spent)) / max(tokens, 1), 3), wall, outputs
 
 
 def profile(model, label: str, batches: list[torch.Tensor], max_new_tokens: int, replay: bool, **extra) -> dict:
@@ -139,7 +141,7 @@ def profile(model, label: str, batches: list[torch.Tensor], max_new_tokens: int,
     rows = {f"{label} fresh": ours(model, batches[1:], max_new_tokens, memory, **extra)}
     if replay:
         rows[f"{label} replayed"] = ours(model, batches[1:], max_new_tokens, memory, **extra)
-    hf, hf_wall = plain_host_ms(model, batches[1:], max_new_tokens)
+    hf, hf_wall, _ = plain_host_ms(model, batches[1:], max_new_tokens)
     for row in rows.values():
         row["hf_host_per_token"] = hf
         row["speedup"] = round(hf_wall / row.pop("wall_s"), 3)  # same prompts, same new tokens (greedy, identical)

@@ -1,0 +1,238 @@
+"""Drafting systems compared with the forward's time modelled, so this machine's noise drops out.
+
+    python -m tools.bench.modelled_speed [--model smollm2-135m] [--workloads chat,qa,rag,multiturn]
+        [--prompts 4] [--max-new-tokens 96] [--systems ours,suffix] [--contexts 64,1200]
+        [--sizes 1,2,3,4,6,8,12,16,24,32] [--table EARLIER.json] [--json PATH] [--markdown PATH]
+
+The 2-core machines here change speed by up to 40% between processes, more than the gap between
+two drafters in one engine that ``tools.bench`` is asked to settle. This tool first times forwards
+over k new tokens at two cache lengths (``--contexts``; ``cost_probe.time_chain``, the best of three
+rounds of three, interleaved) into a table, ``ForwardTable``, or takes an earlier run's (``--table``:
+the table is one snapshot of a noisy machine, so changes are best compared on the same one). Each system then runs the README call over every
+prompt with ``draft_planner=`` a ``TablePlanner``: a planner whose cost curve is the table's at the
+shorter cache length and which, after each forward, is told the table's time for that forward
+(linear in cache length) instead of the clock's. Its corrections by cache length and size
+(``ObservedCost``) learn from those times as they would from the clock. So the trees chosen,
+hence the steps, follow from the drafts alone, the same in every run on this machine.
+
+    modelled speed-up over HF = HF's modelled time / ours
+    HF's:  per generated token, the table's forward over 1 token after the tokens so far
+           + HF's host ms per token (measured: ``step_profile.plain_host_ms``)
+    ours:  per step, the table's forward over its tree after the tokens so far
+           + the host time measured (``DecodeStats.host_s``: drafting, planning, packing,
+             readout, accepting)
+
+Prefill is left out of both. Each system runs on its own model handle and planner per workload
+(rates learned from that workload's earlier prompts only, none from disk); outputs are checked
+against HF greedy. This is a model of the forward's time, not a timing: speed claims come from
+``tools.bench``; this tool tells whether a change to drafting or planning helps where the timed
+runs cannot tell, and by how much on this machine's cost shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from retrieval_draft.atomic import atomic_write_bytes
+from retrieval_draft.config import DEFAULTS
+from retrieval_draft.planning.cost import VerifyCost
+from retrieval_draft.planning.cost_probe import time_chain
+from retrieval_draft.planning.planner import TreePlanner
+from tools.bench import peers
+from tools.bench.gpu_projection import run_system
+from tools.bench.run import encode
+from tools.bench.workloads import WORKLOADS, build_workloads
+from tools.diagnostics.step_profile import plain_host_ms
+
+
+@dataclass(frozen=True)
+class ForwardTable:
+    """Forward seconds by new tokens and cache length.
+
+    Attributes:
+        sizes: (k,) increasing numbers of new tokens that were timed.
+        contexts: (2,) the two cache lengths they were timed after, increasing.
+        seconds: (2, k) float, ``seconds[c, i]`` for ``sizes[i]`` tokens after ``contexts[c]``.
+    """
+
+    sizes: np.ndarray
+    contexts: np.ndarray
+    seconds: np.ndarray
+
+    def at(self, tokens: int, cache_len: int) -> float:
+        """Seconds of one forward over ``tokens`` new tokens after ``cache_len`` cached ones:
+        linear between timed sizes and past the largest along the last stretch's slope, then
+        linear in the cache length (past either timed length too)."""
+        per_context = [_along(self.sizes, row, tokens) for row in self.seconds]
+        short, long = self.contexts
+        weight = (cache_len - short) / (long - short)
+        return float(max(per_context[0] + weight * (per_context[1] - per_context[0]), 1e-6))
+
+
+def _along(sizes: np.ndarray, seconds: np.ndarray, tokens: int) -> float:
+    """``seconds`` (k,) at ``tokens``, linear between ``sizes`` (k,) and along the last slope past them."""
+    if tokens <= sizes[-1]:
+        return float(np.interp(tokens, sizes, seconds))
+    slope = (seconds[-1] - seconds[-2]) / (sizes[-1] - sizes[-2])
+    return float(seconds[-1] + max(slope, 0.0) * (tokens - sizes[-1]))
+
+
+def measure_table(model, sizes: list[int], contexts: list[int], rounds: int = 3) -> ForwardTable:
+    """Time ``model``'s forwards over random chains of each size after each cache length (the
+    tree model's own paths, skinny matmul included); the best of ``rounds`` medians of 3, sizes and
+    cache lengths interleaved round by round, so a slow spell of the machine hits them alike."""
+    from retrieval_draft.model.tree_model import TreeModel
+
+    rng = np.random.default_rng(0)
+    tree_models = []
+    for context in contexts:
+        tree_model = TreeModel(model)
+        tree_model.prefill(torch.from_numpy(rng.integers(0, model.config.vocab_size, size=(1, context))))
+        time_chain(tree_model, 1, rng, 1, 2)  # first forwards: kernel set-up
+        tree_models.append(tree_model)
+    seconds = np.full((len(contexts), len(sizes)), np.inf)
+    for _ in range(rounds):
+        for c, tree_model in enumerate(tree_models):
+            for i, size in enumerate(sizes):
+                seconds[c, i] = min(seconds[c, i], time_chain(tree_model, size, rng, 3, 0))
+    return ForwardTable(np.asarray(sizes), np.asarray(contexts), seconds)
+
+
+def read_table(path: Path) -> ForwardTable:
+    """The table of an earlier run's JSON (``--json``), to compare changes on one cost shape."""
+    body = json.loads(path.read_text())["table"]
+    return ForwardTable(np.asarray(body["sizes"]), np.asarray(body["contexts"]), np.asarray(body["seconds"], float))
+
+
+class TablePlanner(TreePlanner):
+    """A planner that is told ``table``'s time for each forward instead of the clock's, and adds
+    those times up (``modelled_s``); its curve is the table's at the shorter cache length."""
+
+    def __init__(self, table: ForwardTable, tree_budget: int = DEFAULTS.tree_budget) -> None:
+        curve = VerifyCost.from_points(table.sizes, table.seconds[0], max_nodes=int(table.sizes[-1]))
+        super().__init__(tree_budget=tree_budget, cost=curve)
+        self.table = table
+        self.modelled_s = 0.0
+
+    def observe_forward(self, rows: int, tokens: int, seconds: float, cache_len: int = 0) -> None:
+        modelled = self.table.at(tokens, cache_len)
+        self.modelled_s += modelled
+        super().observe_forward(rows, tokens, modelled, cache_len)
+
+
+def hf_modelled_s(table: ForwardTable, prompts: list[torch.Tensor], outputs: list[torch.Tensor], host_ms: float) -> float:
+    """Plain greedy's modelled decode time: a 1-token forward after each generated token's
+    context, plus ``host_ms`` per token."""
+    total = 0.0
+    for ids, out in zip(prompts, outputs):
+        for cache_len in range(ids.shape[1], out.shape[1]):
+            total += table.at(1, cache_len) + host_ms / 1000
+    return total
+
+
+def measure(session, workloads: dict, max_new_tokens: int, systems: list[str], table: ForwardTable) -> dict:
+    """Per workload: HF's modelled seconds and per system its figures and modelled speed-up."""
+    results = {}
+    suffix_class = peers.suffix_cache_class() if "suffix" in systems else None
+    for name, group in workloads.items():
+        prompts = [encode(session, p) for p in group]
+        hf_host, _, plain = plain_host_ms(session.model, prompts, max_new_tokens)
+        hf_s = hf_modelled_s(table, prompts, plain, hf_host)
+        rows = {}
+        for system in systems:
+            drafters = [peers.SuffixDecodingDrafter(suffix_class)] if system == "suffix" else None
+            planner = TablePlanner(table)
+            row = run_system(copy.copy(session.model), prompts, max_new_tokens, drafters, planner)
+            outputs = row.pop("outputs")
+            host_s = row["host_ms"] * row["forwards"] / 1000
+            row["identical"] = all(torch.equal(a, b) for a, b in zip(outputs, plain))
+            row["modelled_s"] = round(planner.modelled_s + host_s, 4)
+            row["speedup"] = round(hf_s / row["modelled_s"], 3)
+            rows[system] = row
+        if {"ours", "suffix"} <= set(rows):
+            rows["ours_over_suffix"] = round(rows["ours"]["speedup"] / rows["suffix"]["speedup"], 3)
+        results[name] = {"hf_host_ms": hf_host, "hf_modelled_s": round(hf_s, 4), "systems": rows}
+        print(f"[modelled_speed] {name}: {json.dumps(rows)}", flush=True)
+    return results
+
+
+def markdown(table: ForwardTable, results: dict) -> str:
+    """The forward table, then one row per workload and system."""
+    lines = ["| cached tokens | " + " | ".join(f"{size} new" for size in table.sizes) + " |",
+             "|---:|" + "---:|" * len(table.sizes)]
+    for context, row in zip(table.contexts, table.seconds):
+        lines.append(f"| {context} | " + " | ".join(f"{1000 * s:.1f} ms" for s in row) + " |")
+    lines += ["", "| workload | system | modelled speed-up over HF | accepted/step | nodes/step | host ms/step | "
+              "HF host ms/token | identical |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    for name, entry in results.items():
+        for system in [s for s in ("ours", "suffix") if s in entry["systems"]]:
+            r = entry["systems"][system]
+            lines.append(f"| {name} | {system} | {r['speedup']:.3f}x | {r['mat']:.2f} | {r['nodes_per_step']:.1f} | "
+                         f"{r['host_ms']:.2f} | {entry['hf_host_ms']:.2f} | {'yes' if r['identical'] else 'NO'} |")
+        ratio = entry["systems"].get("ours_over_suffix")
+        if ratio:
+            lines.append(f"| {name} | ours / suffix | {ratio:.3f} | | | | | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None, help="local model or a name of the benchmark's (default SmolLM2-135M)")
+    p.add_argument("--workloads", default="chat,qa,rag,multiturn")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--systems", default="ours,suffix", help="comma list of ours, suffix")
+    p.add_argument("--contexts", default="64,1200", help="the two cache lengths the table is timed after")
+    p.add_argument("--sizes", default="1,2,3,4,6,8,12,16,24,32", help="new tokens per timed forward")
+    p.add_argument("--table", type=Path, help="take the forward table from an earlier run's JSON instead of timing one")
+    p.add_argument("--json")
+    p.add_argument("--markdown")
+    args = p.parse_args(argv)
+    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if not names or any(w not in WORKLOADS for w in names):
+        p.error(f"--workloads takes a comma list of {', '.join(WORKLOADS)}")
+    systems = [name.strip() for name in args.systems.split(",") if name.strip()]
+    if not systems or not set(systems) <= {"ours", "suffix"}:
+        p.error("--systems takes a comma list of ours, suffix")
+    try:
+        contexts = [int(c) for c in args.contexts.split(",")]
+        sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        p.error("--contexts and --sizes take comma lists of integers")
+    if len(contexts) != 2 or not 0 < contexts[0] < contexts[1]:
+        p.error("--contexts takes two increasing positive cache lengths")
+    if len(sizes) < 2 or sizes[0] != 1 or any(b <= a for a, b in zip(sizes, sizes[1:])):
+        p.error("--sizes takes increasing sizes starting at 1")
+    reason = peers.unavailable() if "suffix" in systems else None
+    if reason:
+        p.error(f"SuffixDecoding is unavailable: {reason}")
+    from retrieval_draft.session import load_session
+
+    torch.set_num_threads(2)
+    session = load_session(args.model)
+    workloads = build_workloads(names, args.prompts, seed=0, tokenizer=session.tokenizer)
+    table = read_table(args.table) if args.table else measure_table(session.model, sizes, contexts)
+    results = measure(session, workloads, args.max_new_tokens, systems, table)
+    report = markdown(table, results)
+    print(report)
+    command = " ".join(["python -m tools.bench.modelled_speed", *(argv if argv is not None else sys.argv[1:])])
+    body = {"command": command,
+            "table": {"sizes": table.sizes.tolist(), "contexts": table.contexts.tolist(), "seconds": table.seconds.tolist()},
+            "results": results}
+    if args.json:
+        atomic_write_bytes(Path(args.json), (json.dumps(body, indent=1) + "\n").encode())
+    if args.markdown:
+        atomic_write_bytes(Path(args.markdown), f"`{command}`\n\n{report}\n".encode())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
