@@ -150,23 +150,23 @@ def _identical(identical: bool | None) -> str:
     return "n/a (sampling)" if identical is None else ("yes" if identical else "NO")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_run_arguments(p: argparse.ArgumentParser, workloads: str) -> None:
+    """The arguments this harness shares with ``modelled_speed``: model, prompts, systems, outputs."""
     p.add_argument("--model", default=None, help="local model or a name of the benchmark's (default SmolLM2-135M)")
-    p.add_argument("--workloads", default="code_raw,grounded,chat")
+    p.add_argument("--workloads", default=workloads)
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--forward-ms", default="8,25", help="forward times T to project for, ms (the first sizes the planner)")
     p.add_argument("--systems", default="ours,suffix", help="comma list of ours, suffix")
-    p.add_argument("--fixed", action="store_true", help="verify fixed 64-node trees (adaptive_tree=False, tree_budget=64)")
-    p.add_argument("--sampling", action="store_true", help="sample at temperature 0.7, top-p 0.9 instead of greedy")
     p.add_argument("--json")
     p.add_argument("--markdown")
-    args = p.parse_args(argv)
+
+
+def load_run(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple:
+    """``add_run_arguments``' values checked (a usage error for bad ones, before the model loads),
+    then the session, its workloads' prompts and the systems: (session, workloads, systems)."""
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if not names or any(w not in WORKLOADS for w in names):
         p.error(f"--workloads takes a comma list of {', '.join(WORKLOADS)}")
-    forward_ms = [float(t) for t in args.forward_ms.split(",")]
     systems = [name.strip() for name in args.systems.split(",") if name.strip()]
     if not systems or not set(systems) <= {"ours", "suffix"}:
         p.error("--systems takes a comma list of ours, suffix")
@@ -177,15 +177,33 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(2)
     session = load_session(args.model)
-    workloads = build_workloads(names, args.prompts, seed=0, tokenizer=session.tokenizer)
-    table = measure(session, workloads, args.max_new_tokens, forward_ms, systems, args.fixed, args.sampling)
-    report = markdown(table, forward_ms)
+    return session, build_workloads(names, args.prompts, seed=0, tokenizer=session.tokenizer), systems
+
+
+def write_report(args: argparse.Namespace, module: str, argv: list[str] | None, report: str, body: dict) -> None:
+    """Print ``report``; write it (``--markdown``) and ``body`` (``--json``) with the command that made them."""
     print(report)
-    command = " ".join(["python -m tools.bench.gpu_projection", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join([f"python -m {module}", *(argv if argv is not None else sys.argv[1:])])
     if args.json:
-        atomic_write_bytes(Path(args.json), (json.dumps({"command": command, "table": table}, indent=1) + "\n").encode())
+        atomic_write_bytes(Path(args.json), (json.dumps({"command": command, **body}, indent=1) + "\n").encode())
     if args.markdown:
         atomic_write_bytes(Path(args.markdown), f"`{command}`\n\n{report}\n".encode())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_run_arguments(p, "code_raw,grounded,chat")
+    p.add_argument("--forward-ms", default="8,25", help="forward times T to project for, ms (the first sizes the planner)")
+    p.add_argument("--fixed", action="store_true", help="verify fixed 64-node trees (adaptive_tree=False, tree_budget=64)")
+    p.add_argument("--sampling", action="store_true", help="sample at temperature 0.7, top-p 0.9 instead of greedy")
+    args = p.parse_args(argv)
+    try:
+        forward_ms = [float(t) for t in args.forward_ms.split(",")]
+    except ValueError:
+        p.error("--forward-ms takes a comma list of milliseconds")
+    session, workloads, systems = load_run(p, args)
+    table = measure(session, workloads, args.max_new_tokens, forward_ms, systems, args.fixed, args.sampling)
+    write_report(args, "tools.bench.gpu_projection", argv, markdown(table, forward_ms), {"table": table})
     return 0
 
 

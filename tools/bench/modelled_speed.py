@@ -34,22 +34,19 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from retrieval_draft.atomic import atomic_write_bytes
 from retrieval_draft.config import DEFAULTS
 from retrieval_draft.planning.cost import VerifyCost
 from retrieval_draft.planning.cost_probe import time_chain
 from retrieval_draft.planning.planner import TreePlanner
 from tools.bench import peers
-from tools.bench.gpu_projection import run_system
+from tools.bench.gpu_projection import add_run_arguments, load_run, run_system, write_report
 from tools.bench.run import encode
-from tools.bench.workloads import WORKLOADS, build_workloads
 from tools.diagnostics.step_profile import plain_host_ms
 
 
@@ -185,23 +182,11 @@ def markdown(table: ForwardTable, results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None, help="local model or a name of the benchmark's (default SmolLM2-135M)")
-    p.add_argument("--workloads", default="chat,qa,rag,multiturn")
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--systems", default="ours,suffix", help="comma list of ours, suffix")
+    add_run_arguments(p, "chat,qa,rag,multiturn")
     p.add_argument("--contexts", default="64,1200", help="the two cache lengths the table is timed after")
     p.add_argument("--sizes", default="1,2,3,4,6,8,12,16,24,32", help="new tokens per timed forward")
     p.add_argument("--table", type=Path, help="take the forward table from an earlier run's JSON instead of timing one")
-    p.add_argument("--json")
-    p.add_argument("--markdown")
     args = p.parse_args(argv)
-    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    if not names or any(w not in WORKLOADS for w in names):
-        p.error(f"--workloads takes a comma list of {', '.join(WORKLOADS)}")
-    systems = [name.strip() for name in args.systems.split(",") if name.strip()]
-    if not systems or not set(systems) <= {"ours", "suffix"}:
-        p.error("--systems takes a comma list of ours, suffix")
     try:
         contexts = [int(c) for c in args.contexts.split(",")]
         sizes = [int(s) for s in args.sizes.split(",")]
@@ -211,26 +196,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--contexts takes two increasing positive cache lengths")
     if len(sizes) < 2 or sizes[0] != 1 or any(b <= a for a, b in zip(sizes, sizes[1:])):
         p.error("--sizes takes increasing sizes starting at 1")
-    reason = peers.unavailable() if "suffix" in systems else None
-    if reason:
-        p.error(f"SuffixDecoding is unavailable: {reason}")
-    from retrieval_draft.session import load_session
-
-    torch.set_num_threads(2)
-    session = load_session(args.model)
-    workloads = build_workloads(names, args.prompts, seed=0, tokenizer=session.tokenizer)
+    if args.table is not None and not args.table.is_file():
+        p.error(f"--table: no such file {args.table}")
+    session, workloads, systems = load_run(p, args)
     table = read_table(args.table) if args.table else measure_table(session.model, sizes, contexts)
     results = measure(session, workloads, args.max_new_tokens, systems, table)
-    report = markdown(table, results)
-    print(report)
-    command = " ".join(["python -m tools.bench.modelled_speed", *(argv if argv is not None else sys.argv[1:])])
-    body = {"command": command,
-            "table": {"sizes": table.sizes.tolist(), "contexts": table.contexts.tolist(), "seconds": table.seconds.tolist()},
-            "results": results}
-    if args.json:
-        atomic_write_bytes(Path(args.json), (json.dumps(body, indent=1) + "\n").encode())
-    if args.markdown:
-        atomic_write_bytes(Path(args.markdown), f"`{command}`\n\n{report}\n".encode())
+    body = {"table": {"sizes": table.sizes.tolist(), "contexts": table.contexts.tolist(),
+                      "seconds": table.seconds.tolist()}, "results": results}
+    write_report(args, "tools.bench.modelled_speed", argv, markdown(table, results), body)
     return 0
 
 
