@@ -1,4 +1,4 @@
-"""Drafting systems compared with the forward's time modelled, so this machine's noise drops out.
+"""Drafting systems compared with each forward priced by a measured table instead of the clock.
 
     python -m tools.bench.modelled_speed [--model smollm2-135m] [--workloads chat,qa,rag,multiturn]
         [--prompts 4] [--max-new-tokens 96] [--systems ours,suffix] [--contexts 64,1200]
@@ -22,7 +22,10 @@ hence the steps, follow from the drafts alone, the same in every run on this mac
            + the host time measured (``DecodeStats.host_s``: drafting, planning, packing,
              readout, accepting)
 
-Prefill is left out of both. Each system runs on its own model handle and planner per workload
+Prefill is left out of both. What noise remains: the table is one snapshot of the machine (two
+runs of the same command fifteen minutes apart timed 8 new tokens after 1,200 cached at 137 and
+111 ms), and host time is measured (open chat: 2.7 and 4.6 ms per step in those runs); compare
+changes on one table (``--table``) and read host time from ``tools.diagnostics.step_profile``. Each system runs on its own model handle and planner per workload
 (rates learned from that workload's earlier prompts only, none from disk); outputs are checked
 against HF greedy. This is a model of the forward's time, not a timing: speed claims come from
 ``tools.bench``; this tool tells whether a change to drafting or planning helps where the timed
