@@ -97,25 +97,34 @@ def project(row: dict, hf_host_ms: float, forward_ms: list[float]) -> dict:
     return out
 
 
+def run_systems(session, prompts: list[torch.Tensor], max_new_tokens: int, systems: list[str], make_planner,
+                sampling: bool = False) -> tuple[float, list[torch.Tensor], dict]:
+    """Plain HF greedy over ``prompts`` (its host ms per token), then each system (``ours``,
+    ``suffix``) on its own model handle (its own plugin memory, as tools.bench keeps it) with the
+    planner ``make_planner()`` gives: (HF host ms, HF's outputs, {system: (run_system's row with
+    ``identical`` set, the planner)}). Greedy outputs are compared with HF's; a sample with nothing."""
+    hf_host, _, plain = plain_host_ms(session.model, prompts, max_new_tokens)
+    rows = {}
+    for system in systems:
+        drafters = [peers.SuffixDecodingDrafter(peers.suffix_cache_class())] if system == "suffix" else None
+        planner = make_planner()
+        row = run_system(copy.copy(session.model), prompts, max_new_tokens, drafters, planner, sampling)
+        outputs = row.pop("outputs")
+        row["identical"] = None if sampling else all(torch.equal(a, b) for a, b in zip(outputs, plain))
+        rows[system] = (row, planner)
+    return hf_host, plain, rows
+
+
 def measure(session, workloads: dict, max_new_tokens: int, forward_ms: list[float], systems: list[str],
             fixed: bool = False, sampling: bool = False) -> dict:
     """Per workload: HF's host ms per token, and per system (``ours``, ``suffix``) its figures and projections."""
     table = {}
-    suffix_class = peers.suffix_cache_class() if "suffix" in systems else None
     for name, group in workloads.items():
         prompts = [encode(session, p) for p in group]
         started = time.perf_counter()
-        hf_host, _, plain = plain_host_ms(session.model, prompts, max_new_tokens)  # what greedy outputs must equal
-        rows = {}
-        for system in systems:
-            drafters = [peers.SuffixDecodingDrafter(suffix_class)] if system == "suffix" else None
-            handle = copy.copy(session.model)  # its own plugin memory (history, rates), as tools.bench keeps it
-            planner = None if fixed else flat_planner(forward_ms[0] / 1000)
-            row = run_system(handle, prompts, max_new_tokens, drafters, planner, sampling)
-            outputs = row.pop("outputs")
-            row["identical"] = None if sampling else all(torch.equal(a, b) for a, b in zip(outputs, plain))
-            row.update(project(row, hf_host, forward_ms))
-            rows[system] = row
+        hf_host, _, ran = run_systems(session, prompts, max_new_tokens, systems,
+                                      lambda: None if fixed else flat_planner(forward_ms[0] / 1000), sampling)
+        rows = {system: {**row, **project(row, hf_host, forward_ms)} for system, (row, _) in ran.items()}
         if {"ours", "suffix"} <= set(rows):
             rows["ours_over_suffix"] = {key: round(rows["ours"][key] / rows["suffix"][key], 3)
                                         for key in rows["ours"] if key.startswith("T=")}

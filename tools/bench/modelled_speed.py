@@ -35,9 +35,9 @@ runs cannot tell, and by how much on this machine's cost shape.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -46,11 +46,9 @@ import torch
 from retrieval_draft.config import DEFAULTS
 from retrieval_draft.planning.cost import VerifyCost
 from retrieval_draft.planning.cost_probe import time_chain
-from retrieval_draft.planning.planner import TreePlanner
-from tools.bench import peers
-from tools.bench.gpu_projection import add_run_arguments, load_run, run_system, write_report
+from retrieval_draft.planning.planner import TreePlanner, extended_cost
+from tools.bench.gpu_projection import add_run_arguments, load_run, run_systems, write_report
 from tools.bench.run import encode
-from tools.diagnostics.step_profile import plain_host_ms
 
 
 @dataclass(frozen=True)
@@ -67,22 +65,18 @@ class ForwardTable:
     contexts: np.ndarray
     seconds: np.ndarray
 
+    @cached_property
+    def curves(self) -> list[VerifyCost]:
+        """One cost curve per cache length, built as the plugin builds a measured one."""
+        return [VerifyCost.from_points(self.sizes, row, max_nodes=int(self.sizes[-1])) for row in self.seconds]
+
     def at(self, tokens: int, cache_len: int) -> float:
-        """Seconds of one forward over ``tokens`` new tokens after ``cache_len`` cached ones:
-        linear between timed sizes and past the largest along the last stretch's slope, then
-        linear in the cache length (past either timed length too)."""
-        per_context = [_along(self.sizes, row, tokens) for row in self.seconds]
-        short, long = self.contexts
-        weight = (cache_len - short) / (long - short)
-        return float(max(per_context[0] + weight * (per_context[1] - per_context[0]), 1e-6))
-
-
-def _along(sizes: np.ndarray, seconds: np.ndarray, tokens: int) -> float:
-    """``seconds`` (k,) at ``tokens``, linear between ``sizes`` (k,) and along the last slope past them."""
-    if tokens <= sizes[-1]:
-        return float(np.interp(tokens, sizes, seconds))
-    slope = (seconds[-1] - seconds[-2]) / (sizes[-1] - sizes[-2])
-    return float(seconds[-1] + max(slope, 0.0) * (tokens - sizes[-1]))
+        """Seconds of one forward over ``tokens`` new tokens after ``cache_len`` cached ones: each
+        cache length's curve (past its largest size extended as the planner extends it,
+        ``extended_cost``), then linear in the cache length (past either timed length too)."""
+        short, long = (float(extended_cost(curve, tokens).seconds[tokens]) for curve in self.curves)
+        weight = (cache_len - self.contexts[0]) / (self.contexts[1] - self.contexts[0])
+        return float(max(short + weight * (long - short), 1e-6))
 
 
 def measure_table(model, sizes: list[int], contexts: list[int], rounds: int = 3) -> ForwardTable:
@@ -117,8 +111,7 @@ class TablePlanner(TreePlanner):
     those times up (``modelled_s``); its curve is the table's at the shorter cache length."""
 
     def __init__(self, table: ForwardTable, tree_budget: int = DEFAULTS.tree_budget) -> None:
-        curve = VerifyCost.from_points(table.sizes, table.seconds[0], max_nodes=int(table.sizes[-1]))
-        super().__init__(tree_budget=tree_budget, cost=curve)
+        super().__init__(tree_budget=tree_budget, cost=table.curves[0])
         self.table = table
         self.modelled_s = 0.0
 
@@ -141,20 +134,13 @@ def hf_modelled_s(table: ForwardTable, prompts: list[torch.Tensor], outputs: lis
 def measure(session, workloads: dict, max_new_tokens: int, systems: list[str], table: ForwardTable) -> dict:
     """Per workload: HF's modelled seconds and per system its figures and modelled speed-up."""
     results = {}
-    suffix_class = peers.suffix_cache_class() if "suffix" in systems else None
     for name, group in workloads.items():
         prompts = [encode(session, p) for p in group]
-        hf_host, _, plain = plain_host_ms(session.model, prompts, max_new_tokens)
+        hf_host, plain, ran = run_systems(session, prompts, max_new_tokens, systems, lambda: TablePlanner(table))
         hf_s = hf_modelled_s(table, prompts, plain, hf_host)
         rows = {}
-        for system in systems:
-            drafters = [peers.SuffixDecodingDrafter(suffix_class)] if system == "suffix" else None
-            planner = TablePlanner(table)
-            row = run_system(copy.copy(session.model), prompts, max_new_tokens, drafters, planner)
-            outputs = row.pop("outputs")
-            host_s = row["host_ms"] * row["forwards"] / 1000
-            row["identical"] = all(torch.equal(a, b) for a, b in zip(outputs, plain))
-            row["modelled_s"] = round(planner.modelled_s + host_s, 4)
+        for system, (row, planner) in ran.items():
+            row["modelled_s"] = round(planner.modelled_s + row["host_ms"] * row["forwards"] / 1000, 4)
             row["speedup"] = round(hf_s / row["modelled_s"], 3)
             rows[system] = row
         if {"ours", "suffix"} <= set(rows):
