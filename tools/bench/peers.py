@@ -4,8 +4,9 @@ SuffixDecoding (Snowflake's ArcticInference; vLLM's ``suffix`` speculative metho
 suffix trees over the prompt and earlier outputs. Its C++ core ships in the ``arctic-inference``
 sdist on PyPI (``csrc/suffix_decoding``, built with CMake and nanobind, no vLLM, no CUDA). The
 first benchmark run that asks for it downloads that sdist with pip, builds the core (about 15 s on
-2 cores) and keeps the sdist's own ``arctic_inference.suffix_decoding`` package with the built
-extension under ``.cache/peers/`` (git-ignored), so later runs import it at once. It is never a
+2 cores) and keeps the sdist and, per Python version, the sdist's own ``arctic_inference.suffix_decoding``
+package with the built extension under ``.cache/peers/`` (git-ignored), so later runs import it at
+once; a machine with no registry (a lent GPU) builds from the kept sdist when ``.cache/peers`` travels. It is never a
 dependency of the package: where it cannot be built (no cmake, no nanobind, no registry) the
 benchmark reports the system unavailable with the reason.
 
@@ -33,7 +34,9 @@ from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.base import Drafter
 
 SDIST = "arctic-inference==0.3.0"
-CACHE = Path(__file__).resolve().parents[2] / ".cache" / "peers" / "arctic-inference-0.3.0"
+PEERS = Path(__file__).resolve().parents[2] / ".cache" / "peers"
+SDIST_FILE = PEERS / "arctic_inference-0.3.0.tar.gz"
+CACHE = PEERS / f"arctic-inference-0.3.0-{sys.implementation.cache_tag}"  # the build is per Python version
 PACKAGE_FILES = ("arctic_inference/__init__.py", "arctic_inference/suffix_decoding/__init__.py",
                  "arctic_inference/suffix_decoding/cache.py")
 
@@ -49,9 +52,26 @@ def _run(command: list[str], cwd: Path) -> None:
         raise PeerUnavailable(f"{' '.join(command[:3])} failed: {tail[0][:200]}")
 
 
+def sdist(kept: Path = SDIST_FILE) -> Path:
+    """The sdist, downloaded with pip into ``kept`` (atomically) unless it is there already."""
+    if kept.is_file():
+        return kept
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+              "--quiet", SDIST, "-d", str(work)], work)
+        (archive,) = work.glob("*.tar.gz")
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        partial = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
+        shutil.copy2(archive, partial)
+        os.replace(partial, kept)
+    return kept
+
+
 def build(cache: Path = CACHE) -> Path:
-    """The folder holding ``arctic_inference.suffix_decoding`` with its built extension, building
-    it on first use (download with pip, CMake build, copy into place atomically)."""
+    """The folder holding ``arctic_inference.suffix_decoding`` with its built extension for this
+    Python, building it on first use (the kept or downloaded sdist, CMake build, copy into place
+    atomically)."""
     if any((cache / "arctic_inference" / "suffix_decoding").glob("_C*.so")):
         return cache
     if shutil.which("cmake") is None:
@@ -60,10 +80,7 @@ def build(cache: Path = CACHE) -> Path:
         raise PeerUnavailable("nanobind is not installed (pip install nanobind, or the bench extra)")
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
-        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
-              "--quiet", SDIST, "-d", str(work)], work)
-        (archive,) = work.glob("*.tar.gz")
-        with tarfile.open(archive) as tar:
+        with tarfile.open(sdist()) as tar:
             tar.extractall(work, filter="data")
         (source,) = [p for p in work.iterdir() if p.is_dir()]
         _run(["cmake", "-S", str(source / "csrc" / "suffix_decoding"), "-B", str(work / "build"),

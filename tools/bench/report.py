@@ -42,6 +42,14 @@ from tools.bench.fresh import fresh_section
 OVERALL = "overall"
 
 
+def _device(config: dict) -> str:
+    """Where and in what dtype the model ran (older results: CPU, float32)."""
+    device, dtype = config.get("device", "cpu"), config.get("dtype", "float32")
+    where = "CPU" if device == "cpu" else device
+    source = f", prompts from {config['prompts_from']}" if config.get("prompts_from") else ""
+    return f"{where} in {dtype}{source}"
+
+
 def machine_info() -> dict:
     """CPU, cores, torch threads, library versions, date and load average."""
     import numpy
@@ -57,6 +65,7 @@ def machine_info() -> dict:
         pass
     return {
         "cpu": cpu,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -275,11 +284,11 @@ def markdown(result: dict) -> str:
             "",
             f"`{result.get('command', 'python -m tools.bench')}`",
             "",
-            f"- machine: {m['cpu']}, {m['cores']} cores, torch threads {m['torch_threads']}; "
+            f"- machine: {m['cpu']}, {m['cores']} cores{', ' + m['gpu'] if m.get('gpu') else ''}, torch threads {m['torch_threads']}; "
             f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}; {m['date']}",
             f"- 1-minute load average during the timed runs {_load_range(result)} (our own threads count); "
             f"environment {m['env'] or 'no OMP/MKL variables'}{_busy_note(result)}",
-            f"- model: {Path(c['model']).name}; {c['max_new_tokens']} new tokens; {c['repeats']} repeats (median), "
+            f"- model: {Path(c['model']).name} on {_device(c)}; {c['max_new_tokens']} new tokens; {c['repeats']} repeats (median), "
             f"systems interleaved per prompt with the order rotated; seed {c['seed']}",
             f"- our plugin: {c['plugin_kwargs'] or 'defaults'} (defaults {c['plugin_defaults']}); "
             f"datastore: {c['datastore'] or 'none'} ({c['datastore_status']}); "

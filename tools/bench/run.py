@@ -3,6 +3,7 @@
     python -m tools.bench [--quick] [--json PATH] [--png PATH] [--datastore DIR]
                           [--max-new-tokens N] [--repeats N] [--prefill-tries N] [--prompts N] [--history FILE]
                           [--workloads a,b] [--systems a,b] [--sampling] [--[no-]fresh-process]
+                          [--device cuda --dtype bfloat16] [--save-prompts FILE | --prompts-from FILE]
 
 What is measured: the wall time of single ``model.generate`` calls, called as
 users call them. Our README systems (``bench_systems``) pass exactly the
@@ -31,6 +32,12 @@ a process serving them in order, never the same prompt's output.
 one prompt as the first call of a new Python process, ours and plain HF each
 in their own (``bench_fresh``, ``first_call``): import and load times apart,
 then the call's wall time; the first-call ratio is plain / ours.
+
+``--device cuda`` (with ``--dtype``) times the same calls on a GPU, the model moved there
+after loading; the clock is read after the stream has synchronised. ``--save-prompts FILE``
+writes the prompts this checkout builds and stops; ``--prompts-from FILE`` times those
+instead of building them, so a lent GPU machine (other packages, no HumanEval) runs
+the prompts the CPU tables ran.
 
 The markdown report goes to stdout, progress to stderr. See ``bench_report``
 for the metric definitions; ``python -m tools.bench.report RESULT.json``
@@ -62,7 +69,9 @@ from tools.bench.report import derive, load_average, machine_info, markdown, plo
 from tools.bench.systems import (
     SYSTEMS, ModelHandles, RunSetup, prefill_seconds, readme_datastore, run_system, unavailable_reason,
 )
-from tools.bench.workloads import CODE_WORKLOADS, REPO_WORKLOADS, TEXT_WORKLOADS, WORKLOADS, BenchPrompt, build_workloads
+from tools.bench.workloads import (
+    CODE_WORKLOADS, REPO_WORKLOADS, TEXT_WORKLOADS, WORKLOADS, BenchPrompt, build_workloads, read_prompts, save_prompts,
+)
 
 QUICK = {
     "prompts": 1, "max_new_tokens": 32, "repeats": 1, "fresh_process": False,
@@ -107,10 +116,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-draft-len", type=int, help="our plugin's max_draft_len (default: the plugin's)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0, help="prompt subset and sampling seed")
+    p.add_argument("--device", default="cpu", help="torch device to time on (cpu, cuda); the fresh processes are CPU only")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="the model's dtype (default float32)")
+    prompts = p.add_mutually_exclusive_group()
+    prompts.add_argument("--save-prompts", type=Path, help="write the selected workloads' prompts to this JSON file and stop")
+    prompts.add_argument("--prompts-from", type=Path, help="time the prompts of a --save-prompts file instead of building them")
     args = p.parse_args(argv)
+    if args.device != "cpu" and args.fresh_process:
+        p.error("--fresh-process times CPU processes; leave it out with --device")
+    if args.device != "cpu" and args.fresh_process is None:
+        args.fresh_process = False
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.prompts_from is not None and not args.prompts_from.is_file():
+        p.error(f"--prompts-from {args.prompts_from}: no such file")
     groups = {"code": CODE_WORKLOADS, "text": TEXT_WORKLOADS, "repo": REPO_WORKLOADS,
               "all": CODE_WORKLOADS + TEXT_WORKLOADS}
     args.workloads = [w for part in args.workloads.split(",") if part.strip() for w in groups.get(part.strip(), (part.strip(),))]
@@ -260,10 +280,14 @@ def run(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     session = load_session(args.model)
-    workloads = build_workloads(args.workloads, args.prompts, args.seed, session.tokenizer)
+    session.model.to(device=args.device, dtype=getattr(torch, args.dtype))
+    if args.prompts_from is not None:
+        workloads = read_prompts(args.prompts_from, args.workloads, args.prompts)
+    else:
+        workloads = build_workloads(args.workloads, args.prompts, args.seed, session.tokenizer)
     runnable, unavailable = select_systems(args, args.datastore is not None)
     prompts = [p for group in workloads.values() for p in group]
-    encoded = [encode(session, p) for p in prompts]
+    encoded = [encode(session, p).to(args.device) for p in prompts]
     machine = machine_info()
     started = time.perf_counter()
     warm_up(session, args, encoded[0])
@@ -321,6 +345,9 @@ def run_config(args: argparse.Namespace) -> dict:
         "temperature": args.temperature if args.sampling else None,
         "seed": args.seed,
         "threads": args.threads,
+        "device": args.device,
+        "dtype": args.dtype,
+        "prompts_from": str(args.prompts_from) if args.prompts_from else None,
         "quick": args.quick,
         "fresh_process": args.fresh_process,
         "prefill_tries": args.prefill_tries,
@@ -368,6 +395,17 @@ def code_version() -> dict:
     return {"commit": commit or None, "changed_files": len(status.splitlines())}
 
 
+def save_workloads(args: argparse.Namespace) -> int:
+    """``--save-prompts``: build the selected workloads' prompts and write them (no timing)."""
+    from retrieval_draft.model.models import load_tokenizer
+
+    tokenizer = load_tokenizer(args.model) if set(args.workloads) & set(REPO_WORKLOADS) else None
+    workloads = build_workloads(args.workloads, args.prompts, args.seed, tokenizer)
+    save_prompts(args.save_prompts, workloads)
+    print(f"wrote {sum(map(len, workloads.values()))} prompts of {', '.join(workloads)} to {args.save_prompts}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the markdown report; write JSON / PNG / markdown when asked."""
     args = parse_args(argv)
@@ -375,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    if args.save_prompts is not None:
+        return save_workloads(args)
     result = run(args)
     report = markdown(result)
     print(report)

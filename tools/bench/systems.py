@@ -216,8 +216,10 @@ def run_system(system: System, setup: RunSetup) -> RunResult:
     stats = None if system.kind == "hf" else DecodeStats()
     kwargs = generate_kwargs(system, setup, stats)
     torch.manual_seed(setup.seed)
+    synchronize(setup.input_ids.device)
     started = time.perf_counter()
     output = setup.model.generate(setup.input_ids, **kwargs)
+    synchronize(setup.input_ids.device)
     wall = time.perf_counter() - started
     return RunResult(output.detach().cpu(), wall, stats)
 
@@ -250,13 +252,21 @@ class ModelHandles:
         return self._handles[key]
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a GPU's stream), so the clock reads finished work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def prefill_seconds(model: torch.nn.Module, input_ids: torch.Tensor, tries: int = 3) -> float:
     """Fastest of ``tries`` forward passes over the prompt: the prefill every system pays."""
     best = float("inf")
     with torch.inference_mode():
         for _ in range(tries):
+            synchronize(input_ids.device)
             started = time.perf_counter()
             model(input_ids, logits_to_keep=1)
+            synchronize(input_ids.device)
             best = min(best, time.perf_counter() - started)
     return best
 

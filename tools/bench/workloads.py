@@ -29,7 +29,7 @@ import inspect
 import json
 import random
 import textwrap
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tools.bench.repo_workloads import REPO_WORKLOADS, repo_prompts
@@ -191,3 +191,26 @@ def build_workloads(names: list[str], n: int, seed: int, tokenizer=None) -> dict
             BenchPrompt(workload, prompt_id, text, True, turns) for prompt_id, text, turns in text_prompts(workload, n)
         ]
     return {name: makers[name]() for name in names}
+
+
+def save_prompts(path: Path, workloads: dict[str, list[BenchPrompt]]) -> None:
+    """Write ``workloads`` as JSON (atomically), so another machine times the same prompts
+    (``read_prompts``): a lent GPU has other packages, standard library and HumanEval copy."""
+    from retrieval_draft.atomic import atomic_write_bytes
+
+    rows = [asdict(prompt) for group in workloads.values() for prompt in group]
+    atomic_write_bytes(Path(path), (json.dumps({"prompts": rows}, indent=1) + "\n").encode("utf-8"))
+
+
+def read_prompts(path: Path, names: list[str], n: int) -> dict[str, list[BenchPrompt]]:
+    """The first ``n`` prompts of each workload in ``names`` from a ``save_prompts`` file;
+    ``ValueError`` naming the workloads it lacks."""
+    rows = json.loads(Path(path).read_text(encoding="utf-8"))["prompts"]
+    saved: dict[str, list[BenchPrompt]] = {}
+    for row in rows:
+        row["turns"] = tuple(tuple(turn) for turn in row["turns"])
+        saved.setdefault(row["workload"], []).append(BenchPrompt(**row))
+    missing = [name for name in names if name not in saved]
+    if missing:
+        raise ValueError(f"{path} holds no prompts of {', '.join(missing)} (it has {', '.join(saved)})")
+    return {name: saved[name][:n] for name in names}
