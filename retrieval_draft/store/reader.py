@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datrie
 import numpy as np
 import pyarrow as pa
 
@@ -24,6 +24,9 @@ from retrieval_draft.store.layout import (
 from retrieval_draft.store.manifest import check_sizes, read_manifest, verify_files
 from retrieval_draft.store.packed import max_position, packed_words, position_bits, unpack_positions
 from retrieval_draft.store.suffix_trie import key_width, load_trie
+
+if TYPE_CHECKING:
+    import datrie
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

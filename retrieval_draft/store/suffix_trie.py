@@ -32,11 +32,14 @@ suffix-array order are inserted sorted (200k random keys: 141 s unsorted vs
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datrie
 import numpy as np
 
 from retrieval_draft.atomic import atomic_path
+
+if TYPE_CHECKING:  # datrie is imported where a trie is built or loaded: sessions without a store run without it
+    import datrie
 
 BASE = 64
 ALPHABET_RANGE = (chr(1), chr(BASE))
@@ -78,6 +81,8 @@ def encode_rows(ids: np.ndarray, lengths: np.ndarray, width: int) -> list[str]:
 
 def build_trie(keys: list[str], rows: np.ndarray, path: Path) -> None:
     """Insert ``keys[i] -> rows[i]`` (keys already sorted) into a BaseTrie and save it to ``path``."""
+    import datrie
+
     trie = datrie.BaseTrie(ranges=[ALPHABET_RANGE])
     for key, row in zip(keys, rows.tolist()):
         trie[key] = row
@@ -87,4 +92,6 @@ def build_trie(keys: list[str], rows: np.ndarray, path: Path) -> None:
 
 def load_trie(path: Path) -> datrie.BaseTrie:
     """Load a BaseTrie. Call only after the file's sha256 was verified (corrupt tries can segfault)."""
+    import datrie
+
     return datrie.BaseTrie.load(str(path))

@@ -34,7 +34,8 @@ def probe() -> list[str]:
     unimportable, runs a default plugin call on a tiny model and prints whether it equals plain
     greedy (the GPU machines have no datrie: the plugin without ``datastore=`` must not need it)."""
     code = (
-        "import sys, tools.gpu_check, retrieval_draft, retrieval_draft.model.tree_model, retrieval_draft.planning.cost\n"
+        "import sys, tools.gpu_check, tools.bench.run, retrieval_draft, retrieval_draft.model.tree_model\n"
+        "import retrieval_draft.planning.cost, retrieval_draft.session\n"
         "print(sorted(m for m in ('datrie', 'gguf') if m in sys.modules))\n"
         "sys.modules['datrie'] = None; sys.modules['gguf'] = None\n"
         "import torch\n"
