@@ -112,3 +112,25 @@ def test_the_budget0_system_is_the_readme_call_with_no_tree():
     kwargs = generate_kwargs(SYSTEMS["budget0"], setup_for(None, random_prompt(0)))
     assert kwargs["tree_budget"] == 0 and kwargs["custom_generate"] is retrieval_draft.generate
     assert "drafters" not in kwargs and "datastore" not in kwargs
+
+
+def test_saved_prompts_are_read_back_unchanged_and_a_missing_workload_is_named(tmp_path):
+    from tools.bench.workloads import build_workloads, read_prompts, save_prompts
+
+    built = build_workloads(["chat", "multiturn"], 2, 0)
+    path = tmp_path / "prompts.json"
+    save_prompts(path, built)
+    assert read_prompts(path, ["multiturn", "chat"], 2) == {"multiturn": built["multiturn"], "chat": built["chat"]}
+    assert read_prompts(path, ["chat"], 1) == {"chat": built["chat"][:1]}
+    assert built["multiturn"][0].turns  # the earlier turns survive the round trip as tuples
+    with pytest.raises(ValueError, match="no prompts of qa"):
+        read_prompts(path, ["chat", "qa"], 2)
+
+
+def test_a_gpu_run_leaves_out_the_fresh_processes_and_saved_prompts_must_exist(tmp_path):
+    args = bench.parse_args(["--device", "cuda", "--dtype", "bfloat16"])
+    assert (args.device, args.dtype, args.fresh_process) == ("cuda", "bfloat16", False)
+    for argv in (["--device", "cuda", "--fresh-process"], ["--prompts-from", str(tmp_path / "missing.json")],
+                 ["--save-prompts", "a.json", "--prompts-from", "b.json"], ["--dtype", "int8"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+import sys
+
 import pytest
 
 from tools.bench import peers
@@ -59,3 +61,11 @@ def test_without_cmake_the_peer_is_unavailable_with_a_reason(monkeypatch, tmp_pa
     monkeypatch.setattr(peers.shutil, "which", lambda name: None)
     with pytest.raises(peers.PeerUnavailable, match="cmake"):
         peers.build(tmp_path / "suffix")
+
+
+def test_the_build_is_kept_per_python_version_and_a_kept_sdist_needs_no_registry(monkeypatch, tmp_path):
+    assert peers.CACHE.name.endswith(sys.implementation.cache_tag)
+    kept = tmp_path / "arctic_inference-0.3.0.tar.gz"
+    kept.write_bytes(b"kept")
+    monkeypatch.setattr(peers, "_run", lambda *args: pytest.fail("pip ran although the sdist was kept"))
+    assert peers.sdist(kept) == kept
