@@ -79,3 +79,28 @@ def test_switch_is_scoped_to_the_block():
 def test_eager_models_are_left_alone():
     model = make_tiny_llama(attn="eager")
     assert sdpa_configs(model) == []
+
+
+def test_a_forward_tiles_its_mask_once_for_every_layer_and_only_inside_the_block(monkeypatch):
+    from retrieval_draft.model import tree_attention as module
+    from retrieval_draft.model.tree_model import TreeModel
+    from retrieval_draft.tree import DraftTree
+
+    mask = _tree_mask(3, 5, seed=0)
+    outside = [module.tiled(mask, 2), module.tiled(mask, 2)]
+    assert outside[0] is not outside[1] and torch.equal(outside[0], outside[1])
+    with tree_attention([]):
+        inside = [module.tiled(mask, 2), module.tiled(mask, 2), module.tiled(mask, 3)]
+        assert inside[0] is inside[1] and inside[2] is not inside[0]
+    assert torch.equal(inside[0], outside[0]) and inside[0].shape == (1, 1, 6, 8)
+    assert torch.equal(inside[0][0, 0, 3:], mask[0, 0]) and torch.equal(inside[2][0, 0, 6:], mask[0, 0])
+
+    returned = []  # one real tree forward of a 2-layer model: both layers get the one tiled mask
+    original = module.tiled
+    monkeypatch.setattr(module, "tiled", lambda m, g: returned.append(original(m, g)) or returned[-1])
+    tree_model = TreeModel(make_tiny_llama())
+    tree_model.prefill(torch.randint(3, 300, (1, 6)))
+    tree = DraftTree(tokens=np.array([5, 6, 7]), parents=np.array([-1, 0, 0]), depths=np.array([0, 1, 1]),
+                     probs=np.ones(3))
+    tree_model.score_trees([tree])
+    assert len(returned) == tree_model.model.config.num_hidden_layers == 2 and returned[0] is returned[1]
