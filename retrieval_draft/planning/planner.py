@@ -138,10 +138,16 @@ class TreePlanner:
         return [full.top(budget, full.probs) for full in fulls]
 
     def _fitting_probe(self, ranked: list[np.ndarray]) -> Probe | None:
-        """The probe's next forward, when this step is one row whose candidates fill it."""
+        """The probe's next forward, when this step is one row whose candidates fill it. A forward
+        larger than this planner's trees can ever be ends its probing: it plans with the sizes timed
+        so far, corrected by the forwards it times (the measurement stays open, not stored, for a
+        call with a larger ``tree_budget``)."""
         if self.probe is None or len(ranked) != 1:
             return None
         wanted = self.probe.pending()
+        if wanted is not None and wanted.tokens - 1 > self.tree_budget:
+            self.probe = None
+            return None
         return wanted if wanted is not None and wanted.tokens - 1 <= ranked[0].shape[0] else None
 
     def matmul_sizes(self) -> frozenset | None:

@@ -112,6 +112,22 @@ def test_a_step_whose_candidates_cannot_fill_the_probe_is_planned_and_not_record
     assert probe.pending() == Probe(8, False, TIME) and probe.plain == {1: 0.05}
 
 
+def test_a_budget_below_the_probes_sizes_stops_probing_and_lets_decoding_correct_the_curve():
+    probe = CostProbe(sizes=(1, 2, 4, 8, 16, 32), kernel_possible=False)
+    planner = TreePlanner(tree_budget=6, probe=probe)  # trees of 7 nodes at most: 8, 16 and 32 never fit
+    for _ in range(10):
+        tree = planner.plan([1], candidates(8))[0]
+        planner.observe_forward(1, tree.size, 0.01 * tree.size)
+        if planner.probe is None:
+            break
+    assert planner.probe is None and sorted(probe.plain) == [1, 2, 4] and not probe.complete
+    assert planner.cost.max_nodes == 4
+    before = planner.observed.count.sum()
+    tree = planner.plan([1], candidates(8))[0]
+    planner.observe_forward(1, tree.size, 0.5)
+    assert planner.observed.count.sum() == before + 1  # decoding's forwards now correct the curve
+
+
 def test_the_first_call_measures_the_curve_from_its_own_forwards(monkeypatch):
     """No measurement before decoding on one row: the call's forwards complete the probe (small
     sizes here, so a short random-weight generation fills them), the output is HF's, and the
