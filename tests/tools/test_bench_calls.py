@@ -134,3 +134,28 @@ def test_a_gpu_run_leaves_out_the_fresh_processes_and_saved_prompts_must_exist(t
                  ["--save-prompts", "a.json", "--prompts-from", "b.json"], ["--dtype", "int8"]):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
+
+
+def test_a_parted_output_is_exact_only_at_a_near_tie_of_plain_greedys_logits():
+    from tests.conftest import make_tiny_llama
+    from tools.bench.exactness import near_tie_verdicts
+
+    model = make_tiny_llama().to(torch.bfloat16)
+    ids = random_prompt(1)
+    plain = {"max_new_tokens": 6, "do_sample": False}
+    reference = model.generate(ids, **plain)
+    with torch.inference_mode():
+        logits = torch.stack(model.generate(ids, **plain, output_logits=True, return_dict_in_generate=True).logits)
+    start = ids.shape[1]
+    ranked = logits[:, 0].float().argsort(dim=-1, descending=True)
+    gaps = logits[:, 0].float().gather(1, ranked[:, :2])
+    tied = int((gaps[:, 0] - gaps[:, 1]).argmin())  # plain's closest call, and a far-from-tied step
+    second_best = reference.clone()
+    second_best[0, start + tied] = ranked[tied, 1]
+    worst = reference.clone()
+    worst[0, start] = ranked[0, -1]
+    same, near, far = near_tie_verdicts(model, ids, reference, [reference, second_best, worst], plain)
+    assert same == {"exact": True, "first_difference": None, "gap": None, "tolerance": None}
+    assert far["exact"] is False and far["first_difference"] == 0 and far["gap"] > far["tolerance"]
+    assert near["first_difference"] == tied
+    assert near["exact"] == (near["gap"] <= near["tolerance"])  # the rule, whichever side this step falls

@@ -3,6 +3,7 @@
 - ``run``: the harness itself (``python -m tools.bench`` runs it).
 - ``systems``: the systems compared (plain HF, HF prompt lookup, the README's calls).
 - ``workloads``, ``text_workloads``, ``repo_workloads``: the prompts.
+- ``exactness``: in bfloat16 / float16, outputs that part from plain greedy judged by the near-tie rule.
 - ``report``: metrics, tables and chart; ``python -m tools.bench.report RESULT.json`` re-renders one.
 - ``fresh`` and ``first_call``: first calls in new processes.
 - ``batch``: batches of 1..16 rows (``python -m tools.bench.batch``).

@@ -14,7 +14,8 @@ Definitions (the same for every system):
   our CPU matmul's lead over MKL does not count), accepted tokens per step = all emitted
   tokens / all tree steps, nodes per step likewise, time drafting = all drafting time / all
   decode time (our statistics), identical rate = share of runs whose output tensor equals
-  HF greedy's;
+  HF greedy's (in bfloat16 / float16 also the share exact by the near-tie rule,
+  ``exactness``, where the two differ);
 - fresh process (``bench_fresh``): per workload, one prompt as the first
   ``generate`` call of a new process, ours (the README line) and plain HF
   greedy each in their own; first-call ratio = plain call wall / ours call
@@ -176,7 +177,14 @@ def _summary(runs: list[dict], rows: list[dict]) -> dict:
         "nodes_per_step": round(nodes / steps, 3) if steps and nodes else None,
         "draft_share": round(sum(s["draft_s"] for s in stats) / decode, 4) if decode else None,
         "identical_rate": round(sum(identical) / len(identical), 4) if identical else None,
+        "exact_rate": _rate([r.get("exact", r["identical"]) for r in runs]),
     }
+
+
+def _rate(flags: list) -> float | None:
+    """Share of True among the flags that are not None (None when none is)."""
+    known = [flag for flag in flags if flag is not None]
+    return round(sum(known) / len(known), 4) if known else None
 
 
 def _fmt(value, spec: str, missing: str = "n/a") -> str:
@@ -224,6 +232,8 @@ def summary_table(result: dict) -> str:
                 continue
             s = systems[system]
             rate = "n/a" if s["identical_rate"] is None else f"{100 * s['identical_rate']:.0f}%"
+            if s.get("exact_rate") not in (None, s["identical_rate"]):  # reduced precision: near-ties judged
+                rate += f" ({100 * s['exact_rate']:.0f}% exact)"
             lines.append(
                 f"| {workload} | {labels[system]} | {_fmt(s['tokens_per_s'], '.1f')} | "
                 f"{_fmt(s['speedup_geomean'], '.2f')}x | {_fmt(s.get('share_geomean'), '.2f', '')}"

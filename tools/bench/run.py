@@ -65,9 +65,10 @@ import torch
 
 from retrieval_draft.atomic import atomic_write_bytes
 from tools.bench.fresh import fresh_geomean, fresh_process_rows, readme_call
+from tools.bench.exactness import near_tie_verdicts
 from tools.bench.report import derive, load_average, machine_info, markdown, plot
 from tools.bench.systems import (
-    SYSTEMS, ModelHandles, RunSetup, prefill_seconds, readme_datastore, run_system, unavailable_reason,
+    SYSTEMS, ModelHandles, RunSetup, generate_kwargs, prefill_seconds, readme_datastore, run_system, unavailable_reason,
 )
 from tools.bench.workloads import (
     CODE_WORKLOADS, REPO_WORKLOADS, TEXT_WORKLOADS, WORKLOADS, BenchPrompt, build_workloads, read_prompts, save_prompts,
@@ -203,7 +204,7 @@ def bench_prompt(session, args, index: int, prompt: BenchPrompt, ids, systems, h
     Returns (one record per run, HF's first output of shape (1, L + m)).
     """
     prefill = prefill_seconds(session.model, ids, args.prefill_tries)
-    reference_out, first_hf, records = None, None, []
+    reference_out, first_hf, records, parted = None, None, [], []
     for repeat in range(args.repeats):
         for position, name in enumerate(run_order(systems, repeat, index, not args.sampling)):
             seed = args.seed + 1000 * index + repeat
@@ -217,8 +218,16 @@ def bench_prompt(session, args, index: int, prompt: BenchPrompt, ids, systems, h
             identical = None if args.sampling else bool(torch.equal(result.output, reference_out))
             record = {"workload": prompt.workload, "prompt_id": prompt.prompt_id, "system": name}
             record.update(_timing(result, ids.shape[1], prefill), repeat=repeat, order=position)
-            record.update(identical=identical, stats=_stats_dict(result.stats), load_1m=(load_average() or [None])[0])
+            record.update(identical=identical, exact=identical, stats=_stats_dict(result.stats),
+                          load_1m=(load_average() or [None])[0])
             records.append(record)
+            if identical is False:
+                parted.append((record, result.output))
+    if parted and session.model.dtype != torch.float32:  # reduced precision: judge by the near-tie rule
+        plain = generate_kwargs(SYSTEMS["hf"], make_setup(session.model, session, args, ids, None, args.max_new_tokens, 0))
+        verdicts = near_tie_verdicts(session.model, ids, first_hf, [output for _, output in parted], plain)
+        for (record, _), verdict in zip(parted, verdicts):
+            record.update(verdict)
     return records, first_hf
 
 
@@ -424,10 +433,10 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_bytes(Path(args.json), (json.dumps(result, indent=1) + "\n").encode("utf-8"))
     if args.png:
         plot(result, args.png)
-    identical = [r["identical"] for r in result["runs"] if r["identical"] is not None]
+    exact = [r["exact"] for r in result["runs"] if r["exact"] is not None]
     fresh = result["fresh_process"]["rows"]
     fresh_ok = all(row["ratio"] is not None and row["identical"] is not False for row in fresh)
-    return 0 if all(identical) and fresh_ok else 1
+    return 0 if all(exact) and fresh_ok else 1
 
 
 if __name__ == "__main__":
