@@ -128,9 +128,15 @@ def test_saved_prompts_are_read_back_unchanged_and_a_missing_workload_is_named(t
 
 
 def test_a_gpu_run_leaves_out_the_fresh_processes_and_saved_prompts_must_exist(tmp_path):
-    args = bench.parse_args(["--device", "cuda", "--dtype", "bfloat16"])
-    assert (args.device, args.dtype, args.fresh_process) == ("cuda", "bfloat16", False)
+    if torch.cuda.is_available():
+        args = bench.parse_args(["--device", "cuda", "--dtype", "bfloat16"])
+        assert (args.device, args.dtype, args.fresh_process) == ("cuda", "bfloat16", False)
+    else:
+        with pytest.raises(SystemExit):  # refused before the model loads
+            bench.parse_args(["--device", "cuda"])
+    assert bench.parse_args(["--device", "meta"]).fresh_process is False  # any device but the CPU
     for argv in (["--device", "cuda", "--fresh-process"], ["--prompts-from", str(tmp_path / "missing.json")],
+                 ["--device", "gpu0"],
                  ["--save-prompts", "a.json", "--prompts-from", "b.json"], ["--dtype", "int8"]):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)

@@ -123,6 +123,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     prompts.add_argument("--save-prompts", type=Path, help="write the selected workloads' prompts to this JSON file and stop")
     prompts.add_argument("--prompts-from", type=Path, help="time the prompts of a --save-prompts file instead of building them")
     args = p.parse_args(argv)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        p.error(f"--device {args.device}: not a torch device (cpu, cuda, cuda:1, ...)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: this torch build or machine has no CUDA device")
     if args.device != "cpu" and args.fresh_process:
         p.error("--fresh-process times CPU processes; leave it out with --device")
     if args.device != "cpu" and args.fresh_process is None:
