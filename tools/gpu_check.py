@@ -44,7 +44,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 TINY = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-LLAMA_SHAPES = {  # Llama 3.2 1B and Llama 3.1 8B
+LLAMA_SHAPES = {  # SmolLM2-135M, Llama 3.2 1B and Llama 3.1 8B
+    "135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                 num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0),
     "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0),
     "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="gpu_check_out", help="folder for equality.json and cost.json")
     p.add_argument("--dtypes", type=_csv, default=["float32", "bfloat16"])
     p.add_argument("--archs", type=_csv, default=["llama", "qwen2", "mistral", "gemma3"], help="tiny architectures")
-    p.add_argument("--shapes", type=_csv, default=list(LLAMA_SHAPES), help="random Llama shapes to time (1b, 8b)")
+    p.add_argument("--shapes", type=_csv, default=["1b", "8b"], help="random Llama shapes to time (135m, 1b, 8b)")
     p.add_argument("--sizes", type=lambda t: [int(x) for x in _csv(t)], default=list(SIZES))
     p.add_argument("--model", default=None, help="real model (.gguf or folder; default SmolLM2-135M; 'none' skips)")
     p.add_argument("--prompts", type=int, default=4, help="random prompts per tiny model and dtype")

@@ -2,6 +2,7 @@
 
 - ``step_profile``: host time per decode step, split by phase.
 - ``forward_cost``: forward cost by tree size with the CPU paths switched on one by one.
+- ``forward_kernels``: the kernels (GPU) or operators (CPU) a tree forward runs beyond a lone root's.
 - ``acceptance_ceiling``: tokens per step idealised drafters would reach on open text.
 - ``replay``: saved greedy outputs through the engine with a stand-in model (no forwards).
 - ``fit_priors``: prompt lookup's acceptance by match length on held-out prompts.
