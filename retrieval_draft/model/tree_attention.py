@@ -18,8 +18,8 @@ routes a model's SDPA layers through it for the duration of one forward;
 Every layer of one forward gets the same mask object, so the tiled mask is made
 once per forward (``_FORWARD_TILES``, a memo that exists only inside
 ``tree_attention``'s block): on a GPU each tiling is a kernel launch, 30 per
-SmolLM2 forward, about 2 ms of a 34 ms tree step on the launch-bound H100 VM of
-2026-11-26.
+SmolLM2 forward (timed on the launch-bound H100 VM of 2026-11-26, the difference
+was within that machine's noise; docs/host-time.md).
 """
 
 from __future__ import annotations
