@@ -27,6 +27,15 @@ def timing_mode(device: torch.device) -> str:
     return SYNCHRONIZED
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait until ``device`` has finished its queued work (nothing to wait for on a CPU)."""
+    mode = timing_mode(torch.device(device))
+    if mode == CUDA_EVENTS:
+        torch.cuda.synchronize(device)
+    elif mode == SYNCHRONIZED:
+        torch.accelerator.synchronize(device)
+
+
 class ForwardTimer:
     """``start()``, launch the forward, ``stop()``; ``seconds()`` then gives its duration.
 
@@ -46,7 +55,7 @@ class ForwardTimer:
             self._events[0].record(torch.cuda.current_stream(self.device))
             return
         if self.mode == SYNCHRONIZED:
-            torch.accelerator.synchronize(self.device)
+            synchronize(self.device)
         self._started = time.perf_counter()
 
     def stop(self) -> None:
@@ -54,7 +63,7 @@ class ForwardTimer:
             self._events[1].record(torch.cuda.current_stream(self.device))
             return
         if self.mode == SYNCHRONIZED:
-            torch.accelerator.synchronize(self.device)
+            synchronize(self.device)
         self._stopped = time.perf_counter()
 
     def seconds(self) -> float:

@@ -161,7 +161,6 @@ def _summary(runs: list[dict], rows: list[dict]) -> dict:
     stats = [r["stats"] for r in runs if r["stats"]]
     steps = sum(s["steps"] for s in stats)
     decode = sum(s["decode_s"] for s in stats)
-    identical = [r["identical"] for r in runs if r["identical"] is not None]
     speedups = [r["speedup"] for r in rows if r["speedup"]]
     wall_speedups = [r["wall_speedup"] for r in rows if r["wall_speedup"]]
     shares = [r["share"] for r in rows if r.get("share")]
@@ -176,7 +175,7 @@ def _summary(runs: list[dict], rows: list[dict]) -> dict:
         "share_geomean": round(geomean(shares), 4) if shares else None,
         "nodes_per_step": round(nodes / steps, 3) if steps and nodes else None,
         "draft_share": round(sum(s["draft_s"] for s in stats) / decode, 4) if decode else None,
-        "identical_rate": round(sum(identical) / len(identical), 4) if identical else None,
+        "identical_rate": _rate([r["identical"] for r in runs]),
         "exact_rate": _rate([r.get("exact", r["identical"]) for r in runs]),
     }
 

@@ -64,8 +64,8 @@ from pathlib import Path
 import torch
 
 from retrieval_draft.atomic import atomic_write_bytes
-from tools.bench.fresh import fresh_geomean, fresh_process_rows, readme_call
 from tools.bench.exactness import near_tie_verdicts
+from tools.bench.fresh import fresh_geomean, fresh_process_rows, readme_call
 from tools.bench.report import derive, load_average, machine_info, markdown, plot
 from tools.bench.systems import (
     SYSTEMS, ModelHandles, RunSetup, generate_kwargs, prefill_seconds, readme_datastore, run_system, unavailable_reason,
@@ -73,6 +73,7 @@ from tools.bench.systems import (
 from tools.bench.workloads import (
     CODE_WORKLOADS, REPO_WORKLOADS, TEXT_WORKLOADS, WORKLOADS, BenchPrompt, build_workloads, read_prompts, save_prompts,
 )
+from tools.gpu_check import DTYPES
 
 QUICK = {
     "prompts": 1, "max_new_tokens": 32, "repeats": 1, "fresh_process": False,
@@ -118,7 +119,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0, help="prompt subset and sampling seed")
     p.add_argument("--device", default="cpu", help="torch device to time on (cpu, cuda); the fresh processes are CPU only")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="the model's dtype (default float32)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="the model's dtype (default float32)")
     prompts = p.add_mutually_exclusive_group()
     prompts.add_argument("--save-prompts", type=Path, help="write the selected workloads' prompts to this JSON file and stop")
     prompts.add_argument("--prompts-from", type=Path, help="time the prompts of a --save-prompts file instead of building them")
@@ -129,9 +130,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--device {args.device}: not a torch device (cpu, cuda, cuda:1, ...)")
     if device.type == "cuda" and not torch.cuda.is_available():
         p.error(f"--device {args.device}: this torch build or machine has no CUDA device")
-    if args.device != "cpu" and args.fresh_process:
-        p.error("--fresh-process times CPU processes; leave it out with --device")
-    if args.device != "cpu" and args.fresh_process is None:
+    if device.type != "cpu":  # the fresh processes time CPU processes
+        if args.fresh_process:
+            p.error("--fresh-process times CPU processes; leave it out with --device")
         args.fresh_process = False
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -295,7 +296,7 @@ def run(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     session = load_session(args.model)
-    session.model.to(device=args.device, dtype=getattr(torch, args.dtype))
+    session.model.to(device=args.device, dtype=DTYPES[args.dtype])
     if args.prompts_from is not None:
         workloads = read_prompts(args.prompts_from, args.workloads, args.prompts)
     else:

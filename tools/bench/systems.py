@@ -47,6 +47,7 @@ from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.registry import DraftSources, make_drafters
 from retrieval_draft.hf import output_history
+from retrieval_draft.planning.timing import synchronize
 from tools.bench import peers
 
 HF_PROMPT_LOOKUP_TOKENS = 10
@@ -250,12 +251,6 @@ class ModelHandles:
         if key not in self._handles:
             self._handles[key] = copy.copy(self.model)
         return self._handles[key]
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for ``device``'s queued work (a GPU's stream), so the clock reads finished work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def prefill_seconds(model: torch.nn.Module, input_ids: torch.Tensor, tries: int = 3) -> float:

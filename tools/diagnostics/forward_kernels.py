@@ -28,9 +28,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from retrieval_draft.atomic import atomic_write_bytes
 from retrieval_draft.model.tree_model import TreeModel
+from retrieval_draft.planning.timing import synchronize
 from retrieval_draft.tree import DraftTree
 from tools.diagnostics.step_profile import tiny_model
-from tools.gpu_check import LLAMA_SHAPES
+from tools.gpu_check import DTYPES, LLAMA_SHAPES
 
 VIEWS = {  # operators that launch nothing: not counted on a CPU
     "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::_unsafe_view", "aten::as_strided", "aten::t",
@@ -71,20 +72,17 @@ def measure(tree_model: TreeModel, size: int, repeats: int, rng: np.random.Gener
     tree = root_with_children(size, tree_model.model.config.vocab_size, rng)
     samples = []
     for index in range(repeats + 2):
-        if cuda:
-            torch.cuda.synchronize(device)
+        synchronize(device)
         started = time.perf_counter()
         tree_model.score_trees([tree])
-        if cuda:
-            torch.cuda.synchronize(device)
+        synchronize(device)
         if index >= 2:
             samples.append(time.perf_counter() - started)
         tree_model.keep([np.zeros(1, dtype=np.int64)])
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         tree_model.score_trees([tree])
-        if cuda:
-            torch.cuda.synchronize(device)
+        synchronize(device)
     tree_model.keep([np.zeros(1, dtype=np.int64)])
     counts = launched(prof, cuda)
     device_ms = {}
@@ -117,7 +115,7 @@ def markdown(table: dict, extra: dict, cuda: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     p.add_argument("--shape", default="135m", choices=("tiny", *LLAMA_SHAPES))
     p.add_argument("--sizes", default="1,2,4,16", help="tree sizes in nodes (1, the lone root, is always added)")
     p.add_argument("--cache-len", type=int, default=256)
@@ -128,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if sizes[0] < 1:
         p.error("--sizes takes positive node counts")
     shape = None if args.shape == "tiny" else LLAMA_SHAPES[args.shape]
-    model = tiny_model(shape=shape, device=args.device, dtype=getattr(torch, args.dtype))
+    model = tiny_model(shape=shape, device=args.device, dtype=DTYPES[args.dtype])
     rng = np.random.default_rng(0)
     tree_model = TreeModel(model)
     tree_model.prefill(torch.from_numpy(rng.integers(3, model.config.vocab_size, size=(1, args.cache_len))))

@@ -37,6 +37,7 @@ import retrieval_draft
 from retrieval_draft.atomic import atomic_write_bytes
 from retrieval_draft.decode.stats import DecodeStats
 from retrieval_draft.memory import PluginMemory
+from retrieval_draft.planning.timing import synchronize
 
 PHASES = ("draft", "plan", "pack", "forward", "readout", "accept")
 TINY_VOCAB = 49_152  # SmolLM2's
@@ -66,9 +67,7 @@ def random_batches(count: int, rows: int, length: int = 64, seed: int = 0, devic
 
 
 def _synchronize(model) -> None:
-    device = next(model.parameters()).device
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(next(model.parameters()).device)
 
 
 @contextmanager
