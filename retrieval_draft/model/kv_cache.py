@@ -11,7 +11,13 @@ after 1,500 tokens (``tools/diagnostics/forward_cost.py``); it grows with the co
 views ``buffer[..., :length, :]``. An update copies only the new rows; when
 the buffer is full it is reallocated at twice the needed length, so memory
 stays below twice that of a concatenated cache and copies are amortised.
-``TreeModel.keep`` compacts rows inside the same views.
+
+After the prefill the layers' buffers are pooled (``pooled``): a ``KVPool`` holds every
+layer's keys in one tensor and values in another, so that ``TreeModel.keep`` moves the accepted rows of
+all layers in one indexed copy, shortens every view with one slice, and retires a finished
+batch row with one copy (per layer, each took two operations for keys and values: 120 for
+SmolLM2's 30 layers, 1.6 ms per step on the 2-core CPU where one pooled move takes 0.08 ms,
+and on a GPU as many kernel launches).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class GrowingLayer(DynamicLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
         self._key_buffer = self._value_buffer = None
+        self._pool: KVPool | None = None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write (B, H_kv, n, d) new rows after the live ones; return the (B, H_kv, length, d) views."""
@@ -41,7 +48,11 @@ class GrowingLayer(DynamicLayer):
         start = self.keys.shape[-2] if self._key_buffer is not None else 0
         end = start + key_states.shape[-2]
         if self._key_buffer is None or end > self._key_buffer.shape[-2]:
-            self._grow(key_states, value_states, start, max(2 * end, MIN_CAPACITY))
+            capacity = max(2 * end, MIN_CAPACITY)
+            if self._pool is not None:
+                self._pool.grow(capacity)
+            else:
+                self._grow(key_states, value_states, start, capacity)
         self._key_buffer[..., start:end, :].copy_(key_states)
         self._value_buffer[..., start:end, :].copy_(value_states)
         self.keys = self._key_buffer[..., :end, :]
@@ -57,32 +68,104 @@ class GrowingLayer(DynamicLayer):
             values[..., :live, :].copy_(self.values[..., :live, :])
         self._key_buffer, self._value_buffer = keys, values
 
-    def move(self, rows: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> None:
-        """Copy position ``sources[j]`` to ``targets[j]`` of batch row ``rows[j]``, every head
-        (all three shape (m,), int64; targets within the live views). Two indexed copies over
-        the flat buffer: fancy indexing of the (B, H, T, d) view took ~7 ms per layer."""
-        heads, capacity = self._key_buffer.shape[1], self._key_buffer.shape[2]
-        base = (rows[:, None] * heads + torch.arange(heads, device=rows.device)[None, :]) * capacity
-        source, target = (base + sources[:, None]).reshape(-1), (base + targets[:, None]).reshape(-1)
-        for buffer in (self._key_buffer, self._value_buffer):
-            flat = buffer.view(-1, buffer.shape[-1])
-            flat.index_copy_(0, target, flat.index_select(0, source))
-
-    def retire_row(self, row: int, live: int) -> None:
-        """Remove batch row ``row``: the last row moves into its place (its first ``live``
-        positions are copied), and the batch shrinks by one without copying the others."""
-        last = self._key_buffer.shape[0] - 1
-        if row != last:
-            self._key_buffer[row, :, :live].copy_(self._key_buffer[last, :, :live])
-            self._value_buffer[row, :, :live].copy_(self._value_buffer[last, :, :live])
-        length = self.keys.shape[-2]
-        self._key_buffer, self._value_buffer = self._key_buffer[:last], self._value_buffer[:last]
-        self.keys = self._key_buffer[..., :length, :]
-        self.values = self._value_buffer[..., :length, :]
-
     def reset(self) -> None:
         super().reset()
         self._key_buffer = self._value_buffer = None
+        self._pool = None
+
+
+class KVPool:
+    """The buffers of ``GrowingLayer``s of one shape, dtype and device in two tensors.
+
+    ``keys`` has shape (layers, B0, H_kv, capacity, d_k) and ``values`` (layers, B0, H_kv,
+    capacity, d_v) (some models' values are narrower than their keys), for the B0 rows the batch
+    had when the pool was made. The live batch is their first ``rows`` rows (a retired row's
+    place is taken by the last row, so a row keeps its index), and layer i's ``_key_buffer`` /
+    ``_value_buffer`` are views of entry i.
+    """
+
+    def __init__(self, layers: list[GrowingLayer]) -> None:
+        first = layers[0]
+        self.layers = layers
+        self.rows = first._key_buffer.shape[0]
+        self.keys = first._key_buffer.new_empty((len(layers), *first._key_buffer.shape))
+        self.values = first._value_buffer.new_empty((len(layers), *first._value_buffer.shape))
+        for i, layer in enumerate(layers):
+            length = layer.keys.shape[-2]
+            self.keys[i, ..., :length, :].copy_(layer.keys)
+            self.values[i, ..., :length, :].copy_(layer.values)
+            layer._pool = self
+        self._point()
+
+    @property
+    def capacity(self) -> int:
+        """Positions each row can hold before the pool grows."""
+        return self.keys.shape[3]
+
+    def _point(self) -> None:
+        """Every layer's buffers as views of the pool, its keys and values as long as they were."""
+        keys, values = self.keys[:, : self.rows].unbind(0), self.values[:, : self.rows].unbind(0)
+        for layer, key_buffer, value_buffer in zip(self.layers, keys, values):
+            length = layer.keys.shape[-2]
+            layer._key_buffer, layer._value_buffer = key_buffer, value_buffer
+            layer.keys, layer.values = key_buffer[..., :length, :], value_buffer[..., :length, :]
+
+    def grow(self, capacity: int) -> None:
+        """Reallocate both tensors with ``capacity`` positions per row, every layer's rows kept (one copy each)."""
+        held = min(self.capacity, capacity)
+        grown = []
+        for old in (self.keys, self.values):
+            new = old.new_empty((old.shape[0], self.rows, old.shape[2], capacity, old.shape[4]))
+            new[..., :held, :].copy_(old[:, : self.rows, :, :held])
+            grown.append(new)
+        self.keys, self.values = grown
+        self._point()
+
+    def move(self, rows: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> None:
+        """Copy position ``sources[j]`` to ``targets[j]`` of batch row ``rows[j]``, every layer and
+        head (all three shape (m,), int64, on the pool's device; targets within the live views):
+        per tensor one indexed read and one indexed write over its flat view."""
+        for pool in (self.keys, self.values):
+            heads = pool.shape[2]
+            offsets = (rows[:, None] * heads + torch.arange(heads, device=rows.device)[None, :]) * self.capacity
+            source, target = (offsets + sources[:, None]).reshape(-1), (offsets + targets[:, None]).reshape(-1)
+            flat = pool.view(pool.shape[0], -1, pool.shape[-1])
+            flat.index_copy_(1, target, flat.index_select(1, source))
+
+    def cut(self, length: int) -> None:
+        """Every layer keeps the first ``length`` positions of its rows (views, nothing copied)."""
+        keys = self.keys[:, : self.rows, :, :length].unbind(0)
+        values = self.values[:, : self.rows, :, :length].unbind(0)
+        for layer, layer_keys, layer_values in zip(self.layers, keys, values):
+            layer.keys, layer.values = layer_keys, layer_values
+
+    def retire_row(self, row: int, live: int) -> None:
+        """Remove batch row ``row``: the last row moves into its place (its first ``live``
+        positions, every layer in one copy per tensor), and the batch shrinks by one without
+        copying the others."""
+        last = self.rows - 1
+        if row != last:
+            self.keys[:, row, :, :live].copy_(self.keys[:, last, :, :live])
+            self.values[:, row, :, :live].copy_(self.values[:, last, :, :live])
+        self.rows = last
+        self._point()
+
+
+def pooled(cache: DynamicCache) -> list[KVPool]:
+    """The pools holding ``cache``'s ``GrowingLayer``s; layers with buffers but no pool yet are
+    pooled first, one pool per shape, dtype and device of their key and value buffers."""
+    pools: dict[int, KVPool] = {}
+    loose: dict[tuple, list[GrowingLayer]] = {}
+    for layer in cache.layers:
+        if not isinstance(layer, GrowingLayer) or getattr(layer, "_key_buffer", None) is None:
+            continue
+        if layer._pool is not None:
+            pools[id(layer._pool)] = layer._pool
+        else:
+            keys, values = layer._key_buffer, layer._value_buffer
+            kind = (tuple(keys.shape), tuple(values.shape), keys.dtype, values.dtype, keys.device)
+            loose.setdefault(kind, []).append(layer)
+    return list(pools.values()) + [KVPool(layers) for layers in loose.values()]
 
 
 def growing_cache() -> DynamicCache:
@@ -107,10 +190,9 @@ def model_cache(config, own_layers: bool) -> DynamicCache:
 
 def cut_back(cache: DynamicCache, length: int) -> None:
     """Keep the first ``length`` rows of every layer: ``GrowingLayer`` views are shortened in
-    place; any other layer class cuts itself back with its own ``crop``."""
+    place, a pool at a time; any other layer class cuts itself back with its own ``crop``."""
+    for pool in pooled(cache):
+        pool.cut(length)
     for layer in cache.layers:
-        if isinstance(layer, GrowingLayer):
-            layer.keys = layer.keys[..., :length, :]
-            layer.values = layer.values[..., :length, :]
-        elif getattr(layer, "keys", None) is not None and layer.keys.shape[-2] > length:
+        if not isinstance(layer, GrowingLayer) and getattr(layer, "keys", None) is not None and layer.keys.shape[-2] > length:
             layer.crop(length - layer.keys.shape[-2])

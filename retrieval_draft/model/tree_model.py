@@ -34,7 +34,7 @@ from retrieval_draft.errors import InvalidInputError, UnsupportedModelError
 from retrieval_draft.tree import DraftTree
 from retrieval_draft.model.attention_layout import CHAIN, attention_layout
 from retrieval_draft.model.chain_probe import probe_chain_forward
-from retrieval_draft.model.kv_cache import cut_back, model_cache
+from retrieval_draft.model.kv_cache import cut_back, model_cache, pooled
 from retrieval_draft.model.row_slots import RowSlots
 from retrieval_draft.model.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_forwards, skinny_linears
 from retrieval_draft.model.transfer import to_device
@@ -126,6 +126,7 @@ class TreeModel:
             use_cache=True,
             logits_to_keep=1,
         )
+        pooled(self.cache)  # every layer's rows in one tensor from here on (``kv_cache.KVPool``)
         self.slots = RowSlots(mask.numpy().astype(bool), positions.numpy().astype(np.int64))
         return out.logits[:, -1].float()
 
@@ -180,10 +181,10 @@ class TreeModel:
         a path from the root) after that row's kept tokens; hide the rest. Rows already in
         place (a dense row's accepted chain) are not copied."""
         rows, sources, targets = self.slots.keep(nodes)
-        if rows:  # tree mode only: every layer is a GrowingLayer
+        if rows:  # tree mode only: every layer is a GrowingLayer, in a pool
             b, s, t = to_device([np.concatenate(rows), np.concatenate(sources), np.concatenate(targets)], self.device)
-            for layer in self.cache.layers:
-                layer.move(b, s, t)
+            for pool in pooled(self.cache):
+                pool.move(b, s, t)
         cut_back(self.cache, self.slots.length)
 
     def drop_rows(self, finished: list[int]) -> list[int]:
@@ -195,8 +196,8 @@ class TreeModel:
         for row in sorted(finished, reverse=True):
             last = len(order) - 1
             live = int(self.slots.ends[last])
-            for layer in self.cache.layers:
-                layer.retire_row(row, live)
+            for pool in pooled(self.cache):
+                pool.retire_row(row, live)
             self.slots.drop(row)
             order[row] = order[last]
             order.pop()

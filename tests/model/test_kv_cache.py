@@ -7,7 +7,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from retrieval_draft.tree import DraftTree
-from retrieval_draft.model.kv_cache import MIN_CAPACITY, GrowingLayer, growing_cache
+from retrieval_draft.model.kv_cache import MIN_CAPACITY, GrowingLayer, KVPool, growing_cache, pooled
 from retrieval_draft.model.tree_model import TreeModel
 
 from tests.conftest import make_tiny_llama, random_prompt
@@ -46,6 +46,8 @@ def test_growing_cache_creates_growing_layers():
     tree_model = TreeModel(model)
     tree_model.prefill(random_prompt(0))
     assert tree_model.cache.layers and all(isinstance(layer, GrowingLayer) for layer in tree_model.cache.layers)
+    pools = pooled(tree_model.cache)  # the prefill pooled them: one tensor for every layer
+    assert len(pools) == 1 and pools[0].layers == tree_model.cache.layers
     assert isinstance(growing_cache().layer_class_to_replicate(), GrowingLayer)
 
 
@@ -99,24 +101,70 @@ def test_a_dense_cache_leaves_row_visibility_alone_until_rows_accept_unlike():
     torch.testing.assert_close(got, torch.stack(want), rtol=1e-4, atol=1e-4)
 
 
-def test_move_copies_positions_within_each_batch_row_and_every_head():
-    layer = GrowingLayer()
+def _pool(keys: torch.Tensor, layers: int = 2) -> tuple[list[GrowingLayer], KVPool]:
+    """``layers`` layers holding ``keys + 10 * i`` (layer i's values: its keys + 1), pooled."""
+    grown = [GrowingLayer() for _ in range(layers)]
+    for i, layer in enumerate(grown):
+        layer.update(keys + 10 * i, keys + 10 * i + 1)
+    cache = growing_cache()
+    cache.layers = grown
+    pools = pooled(cache)
+    assert len(pools) == 1 and pooled(cache) == pools  # one pool, made once
+    return grown, pools[0]
+
+
+def test_move_copies_positions_within_each_batch_row_every_head_and_every_layer():
     keys = torch.randn(3, 2, 10, 4)
-    layer.update(keys, keys + 1)
-    before = layer.keys.clone()
-    layer.move(torch.tensor([0, 2, 2]), torch.tensor([9, 7, 8]), torch.tensor([5, 3, 4]))
-    expected = before.clone()
-    expected[0, :, 5], expected[2, :, 3], expected[2, :, 4] = before[0, :, 9], before[2, :, 7], before[2, :, 8]
-    assert torch.equal(layer.keys, expected)
-    assert torch.equal(layer.values, expected + 1)
+    layers, pool = _pool(keys)
+    pool.move(torch.tensor([0, 2, 2]), torch.tensor([9, 7, 8]), torch.tensor([5, 3, 4]))
+    expected = keys.clone()
+    expected[0, :, 5], expected[2, :, 3], expected[2, :, 4] = keys[0, :, 9], keys[2, :, 7], keys[2, :, 8]
+    for i, layer in enumerate(layers):
+        assert torch.equal(layer.keys, expected + 10 * i)
+        assert torch.equal(layer.values, expected + 10 * i + 1)
 
 
-def test_a_retired_row_is_replaced_by_the_last_row():
-    layer = GrowingLayer()
+def test_a_retired_row_is_replaced_by_the_last_row_in_every_layer():
     keys = torch.randn(4, 2, 6, 4)
-    layer.update(keys, keys.clone())
-    layer.retire_row(1, live=6)
-    assert layer.keys.shape == (3, 2, 6, 4)
-    assert torch.equal(layer.keys, keys[[0, 3, 2]])
-    layer.update(torch.zeros(3, 2, 1, 4), torch.zeros(3, 2, 1, 4))  # the batch goes on with three rows
-    assert layer.keys.shape == (3, 2, 7, 4)
+    layers, pool = _pool(keys)
+    pool.retire_row(1, live=6)
+    for i, layer in enumerate(layers):
+        assert layer.keys.shape == (3, 2, 6, 4)
+        assert torch.equal(layer.keys, keys[[0, 3, 2]] + 10 * i)
+        assert torch.equal(layer.values, keys[[0, 3, 2]] + 10 * i + 1)
+        layer.update(torch.zeros(3, 2, 1, 4), torch.zeros(3, 2, 1, 4))  # the batch goes on with three rows
+        assert layer.keys.shape == (3, 2, 7, 4)
+
+
+def test_pooled_layers_grow_together_and_keep_every_row():
+    keys = torch.randn(1, 2, 10, 4)
+    layers, pool = _pool(keys)
+    plain = [DynamicLayer() for _ in layers]
+    for i, layer in enumerate(plain):
+        layer.update(keys + 10 * i, keys + 10 * i + 1)
+    for seed, n in enumerate([3, MIN_CAPACITY, 2]):  # the second update outgrows the pool
+        for layer, reference in zip(layers, plain):  # layer by layer, as a forward updates them
+            new_keys, new_values = _rows(n, seed)
+            got, want = layer.update(new_keys, new_values), reference.update(new_keys, new_values)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert pool.capacity >= 10 + 3 + MIN_CAPACITY + 2
+    pool.cut(12)
+    for layer, reference in zip(layers, plain):
+        assert torch.equal(layer.keys, reference.keys[..., :12, :])
+        assert torch.equal(layer.values, reference.values[..., :12, :])
+
+
+def test_a_pool_holds_values_narrower_than_keys():
+    """Some models' values have fewer dimensions than their keys (AXK1): both move alike."""
+    keys, values = torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 4)
+    layers = [GrowingLayer() for _ in range(3)]
+    for i, layer in enumerate(layers):
+        layer.update(keys + i, values + i)
+    cache = growing_cache()
+    cache.layers = layers
+    (pool,) = pooled(cache)
+    pool.move(torch.tensor([0]), torch.tensor([9]), torch.tensor([2]))
+    for i, layer in enumerate(layers):
+        want_keys, want_values = keys.clone() + i, values.clone() + i
+        want_keys[0, :, 2], want_values[0, :, 2] = keys[0, :, 9] + i, values[0, :, 9] + i
+        assert torch.equal(layer.keys, want_keys) and torch.equal(layer.values, want_values)
