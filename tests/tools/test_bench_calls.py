@@ -66,6 +66,27 @@ def test_readme_defaults_call_equals_greedy_on_its_own_handle(tiny_llama):
     assert torch.equal(ours.output, reference) and ours.stats.steps > 0
 
 
+def test_the_run_records_the_cost_curve_and_corrections_each_handle_planned_with(tiny_llama):
+    from retrieval_draft.memory import PROCESS_MEMORY
+    from retrieval_draft.planning.cost import VerifyCost
+
+    handles = ModelHandles(tiny_llama)
+    handle = handles.get(SYSTEMS["defaults"], "chat", 0)
+    handles.get(SYSTEMS["budget0"], "chat", 0)  # a handle that never generates is not reported
+    # 10 us plus 1 us per extra token: cheaper than any real forward, so the curve stays the one
+    # planned with (a machine proved faster than its curve would have it replaced at the call's end)
+    PROCESS_MEMORY.model(handle).cost = VerifyCost.from_points([1, 65], [10e-6, 74e-6])
+    run_system(SYSTEMS["defaults"], setup_for(handle, random_prompt(3, repeat=3), None))
+    planning = handles.planning()
+    assert list(planning) == ["defaults/chat/0"]
+    state = planning["defaults/chat/0"]
+    assert state["curve_ms"] == {"1": 0.01, "2": 0.011, "3": 0.012, "4": 0.013, "8": 0.017, "16": 0.025,
+                                 "32": 0.041}
+    assert state["observed_bands"] == [1, 2, 4, 8, 16, 32] and sum(state["observed_count"]) > 0
+    seen = [ratio for ratio, count in zip(state["observed_ratio"], state["observed_count"]) if count]
+    assert all(ratio > 1 for ratio in seen)  # every observed band ran slower than that curve
+
+
 def test_parse_args_quick_skips_the_fresh_process_and_full_measures_it(tmp_path):
     quick = bench.parse_args(["--quick", "--systems", "oracle,defaults"])
     assert quick.fresh_process is False and quick.systems == ["hf", "defaults", "oracle"]

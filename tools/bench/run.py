@@ -327,6 +327,7 @@ def run(args: argparse.Namespace) -> dict:
     ]
     result["elapsed_s"] = round(time.perf_counter() - started, 1)
     result["runs"] = runs
+    result["planning"] = handles.planning()
     derive(result)
     result["fresh_process"] = fresh_process(args, prompts, encoded)
     return result

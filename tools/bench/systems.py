@@ -47,6 +47,7 @@ from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.registry import DraftSources, make_drafters
 from retrieval_draft.hf import output_history
+from retrieval_draft.memory import PROCESS_MEMORY
 from retrieval_draft.planning.timing import synchronize
 from tools.bench import peers
 
@@ -251,6 +252,30 @@ class ModelHandles:
         if key not in self._handles:
             self._handles[key] = copy.copy(self.model)
         return self._handles[key]
+
+    def planning(self, sizes=(1, 2, 3, 4, 8, 16, 32)) -> dict:
+        """What each handle's planner priced trees by at the end of the run (the README line's
+        memory, ``PROCESS_MEMORY``), keyed ``"system/workload/repeat"``: the cost curve's ms for a
+        forward over each of ``sizes`` new tokens (None before one is measured) and, per band of
+        tree sizes (``ObservedCost.BANDS``), the ratio of observed to curve time for one row
+        below 1k cached tokens and how many forwards it saw."""
+        out = {}
+        for (system, workload, repeat), handle in self._handles.items():
+            if not PROCESS_MEMORY.knows(handle):
+                continue
+            memory = PROCESS_MEMORY.model(handle)
+            curve = None
+            if memory.cost is not None:
+                seconds = memory.cost.seconds
+                curve = {str(n): round(1000 * float(seconds[min(n, memory.cost.max_nodes)]), 3) for n in sizes}
+            observed = memory.observed
+            out[f"{system}/{workload}/{repeat}"] = {
+                "curve_ms": curve,
+                "observed_bands": [int(band) for band in observed.BANDS],
+                "observed_ratio": [round(float(r), 3) for r in observed.ratio[0, 0]],
+                "observed_count": [int(c) for c in observed.count[0, 0]],
+            }
+        return out
 
 
 def prefill_seconds(model: torch.nn.Module, input_ids: torch.Tensor, tries: int = 3) -> float:
