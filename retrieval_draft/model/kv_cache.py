@@ -15,9 +15,10 @@ stays below twice that of a concatenated cache and copies are amortised.
 After the prefill the layers' buffers are pooled (``pooled``): a ``KVPool`` holds every
 layer's keys in one tensor and values in another, so that ``TreeModel.keep`` moves the accepted rows of
 all layers in one indexed copy, shortens every view with one slice, and retires a finished
-batch row with one copy (per layer, each took two operations for keys and values: 120 for
-SmolLM2's 30 layers, 1.6 ms per step on the 2-core CPU where one pooled move takes 0.08 ms,
-and on a GPU as many kernel launches).
+batch row with one copy per tensor. Layer by layer a move took two operations for the keys and
+two for the values of each layer: 120 for SmolLM2's 30 layers, 1.6 ms per move on the 2-core CPU
+where the pooled one takes 0.08 ms (a microbenchmark), and on a GPU as many kernel launches.
+Pooling copies the prefill's rows once, so for that moment the cache takes twice its memory.
 """
 
 from __future__ import annotations
@@ -125,11 +126,11 @@ class KVPool:
         """Copy position ``sources[j]`` to ``targets[j]`` of batch row ``rows[j]``, every layer and
         head (all three shape (m,), int64, on the pool's device; targets within the live views):
         per tensor one indexed read and one indexed write over its flat view."""
-        for pool in (self.keys, self.values):
-            heads = pool.shape[2]
+        for tensor in (self.keys, self.values):
+            heads = tensor.shape[2]
             offsets = (rows[:, None] * heads + torch.arange(heads, device=rows.device)[None, :]) * self.capacity
             source, target = (offsets + sources[:, None]).reshape(-1), (offsets + targets[:, None]).reshape(-1)
-            flat = pool.view(pool.shape[0], -1, pool.shape[-1])
+            flat = tensor.view(tensor.shape[0], -1, tensor.shape[-1])
             flat.index_copy_(1, target, flat.index_select(1, source))
 
     def cut(self, length: int) -> None:
