@@ -12,10 +12,10 @@ views ``buffer[..., :length, :]``. An update copies only the new rows; when
 the buffer is full it is reallocated at twice the needed length, so memory
 stays below twice that of a concatenated cache and copies are amortised.
 
-After the prefill the layers' buffers are pooled (``pooled``): a ``KVPool`` holds every
-layer's keys in one tensor and values in another, so that ``TreeModel.keep`` moves the accepted rows of
-all layers in one indexed copy, shortens every view with one slice, and retires a finished
-batch row with one copy per tensor. Layer by layer a move took two operations for the keys and
+After the prefill the layers' buffers are pooled once (``pooled``; ``TreeModel.pools`` keeps
+the result): a ``KVPool`` holds every layer's keys in one tensor and values in another, so that
+``TreeModel.keep`` moves the accepted rows of all layers in one indexed copy, shortens every
+view with one slice, and retires a finished batch row with one copy per tensor. Layer by layer a move took two operations for the keys and
 two for the values of each layer: 120 for SmolLM2's 30 layers, 1.6 ms per move on the 2-core CPU
 where the pooled one takes 0.08 ms (a microbenchmark), and on a GPU as many kernel launches.
 Pooling copies the prefill's rows once, so for that moment the cache takes twice its memory.
@@ -189,10 +189,11 @@ def model_cache(config, own_layers: bool) -> DynamicCache:
     return cache
 
 
-def cut_back(cache: DynamicCache, length: int) -> None:
-    """Keep the first ``length`` rows of every layer: ``GrowingLayer`` views are shortened in
-    place, a pool at a time; any other layer class cuts itself back with its own ``crop``."""
-    for pool in pooled(cache):
+def cut_back(cache: DynamicCache, length: int, pools: list[KVPool]) -> None:
+    """Keep the first ``length`` rows of every layer: the ``GrowingLayer``s' views are shortened
+    in place, a pool at a time (``pools``: every one of ``cache``'s, from ``pooled``); any other
+    layer class cuts itself back with its own ``crop``."""
+    for pool in pools:
         pool.cut(length)
     for layer in cache.layers:
         if not isinstance(layer, GrowingLayer) and getattr(layer, "keys", None) is not None and layer.keys.shape[-2] > length:

@@ -34,7 +34,7 @@ from retrieval_draft.errors import InvalidInputError, UnsupportedModelError
 from retrieval_draft.tree import DraftTree
 from retrieval_draft.model.attention_layout import CHAIN, attention_layout
 from retrieval_draft.model.chain_probe import probe_chain_forward
-from retrieval_draft.model.kv_cache import cut_back, model_cache, pooled
+from retrieval_draft.model.kv_cache import KVPool, cut_back, model_cache, pooled
 from retrieval_draft.model.row_slots import RowSlots
 from retrieval_draft.model.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_forwards, skinny_linears
 from retrieval_draft.model.transfer import to_device
@@ -86,6 +86,7 @@ class TreeModel:
         self._skinny = skinny_forwards(eligible_linears(model)) if self.device.type == "cpu" else []
         self.skinny_sizes = frozenset(SKINNY_ROWS if skinny_sizes is None else skinny_sizes) if self._skinny else frozenset()
         self.cache = self._fresh_cache()
+        self.pools: list[KVPool] = []  # the cache's layers pooled after each prefill (``kv_cache.pooled``)
         self.slots = RowSlots.empty()
 
     @property
@@ -126,7 +127,7 @@ class TreeModel:
             use_cache=True,
             logits_to_keep=1,
         )
-        pooled(self.cache)  # every layer's rows in one tensor from here on (``kv_cache.KVPool``)
+        self.pools = pooled(self.cache)  # every layer's rows in one tensor from here on, once per call
         self.slots = RowSlots(mask.numpy().astype(bool), positions.numpy().astype(np.int64))
         return out.logits[:, -1].float()
 
@@ -183,9 +184,9 @@ class TreeModel:
         rows, sources, targets = self.slots.keep(nodes)
         if rows:  # tree mode only: every layer is a GrowingLayer, in a pool
             b, s, t = to_device([np.concatenate(rows), np.concatenate(sources), np.concatenate(targets)], self.device)
-            for pool in pooled(self.cache):
+            for pool in self.pools:
                 pool.move(b, s, t)
-        cut_back(self.cache, self.slots.length)
+        cut_back(self.cache, self.slots.length, self.pools)
 
     def drop_rows(self, finished: list[int]) -> list[int]:
         """Remove batch rows ``finished`` (indices); returns, for each remaining row in its new
@@ -196,14 +197,14 @@ class TreeModel:
         for row in sorted(finished, reverse=True):
             last = len(order) - 1
             live = int(self.slots.ends[last])
-            for pool in pooled(self.cache):
+            for pool in self.pools:
                 pool.retire_row(row, live)
             self.slots.drop(row)
             order[row] = order[last]
             order.pop()
         if order:
             self.slots.settle()
-            cut_back(self.cache, self.slots.length)
+            cut_back(self.cache, self.slots.length, self.pools)
         return order
 
     def _fresh_cache(self):
