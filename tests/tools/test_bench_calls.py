@@ -68,6 +68,7 @@ def test_readme_defaults_call_equals_greedy_on_its_own_handle(tiny_llama):
 
 def test_the_run_records_the_cost_curve_and_corrections_each_handle_planned_with(tiny_llama):
     from retrieval_draft.memory import PROCESS_MEMORY
+    from retrieval_draft.planning.calibration import PROB_EDGES
     from retrieval_draft.planning.cost import VerifyCost
 
     handles = ModelHandles(tiny_llama)
@@ -85,6 +86,9 @@ def test_the_run_records_the_cost_curve_and_corrections_each_handle_planned_with
     assert state["observed_bands"] == [1, 2, 4, 8, 16, 32] and sum(state["observed_count"]) > 0
     seen = [ratio for ratio, count in zip(state["observed_ratio"], state["observed_count"]) if count]
     assert all(ratio > 1 for ratio in seen)  # every observed band ran slower than that curve
+    rates = state["first_token_rates"]
+    assert rates and all(len(bucket_rates) == len(PROB_EDGES) - 1 for bucket_rates in rates.values())
+    assert all(0 <= rate <= 1 for bucket_rates in rates.values() for rate in bucket_rates)
 
 
 def test_parse_args_quick_skips_the_fresh_process_and_full_measures_it(tmp_path):

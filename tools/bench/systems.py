@@ -258,7 +258,8 @@ class ModelHandles:
         memory, ``PROCESS_MEMORY``), keyed ``"system/workload/repeat"``: the cost curve's ms for a
         forward over each of ``sizes`` new tokens (None before one is measured) and, per band of
         tree sizes (``ObservedCost.BANDS``), the ratio of observed to curve time for one row
-        below 1k cached tokens and how many forwards it saw."""
+        below 1k cached tokens and how many forwards it saw; and, per drafter, the calibrated
+        acceptance of a draft's first token at each raw-probability bucket's centre (greedy)."""
         out = {}
         for (system, workload, repeat), handle in self._handles.items():
             if not PROCESS_MEMORY.knows(handle):
@@ -274,6 +275,10 @@ class ModelHandles:
                 "observed_bands": [int(band) for band in observed.BANDS],
                 "observed_ratio": [round(float(r), 3) for r in observed.ratio[0, 0]],
                 "observed_count": [int(c) for c in observed.count[0, 0]],
+                "first_token_rates": {
+                    name: [round(float(r), 3) for r in calibrator.rates(calibrator.centers, np.zeros_like(calibrator.centers, dtype=np.int64))]
+                    for name, calibrator in memory.rates[False].items()
+                },
             }
         return out
 
