@@ -1,8 +1,10 @@
 """tools.diagnostics.forward_kernels names what a tree forward runs beyond a lone root's (tiny model, CPU)."""
 
 import json
+from collections import Counter
+from types import SimpleNamespace
 
-from tools.diagnostics.forward_kernels import main
+from tools.diagnostics.forward_kernels import device_ms_by_name, main
 
 
 def test_a_tree_forward_adds_the_grouped_attention_copies_and_the_mask(tmp_path):
@@ -12,6 +14,14 @@ def test_a_tree_forward_adds_the_grouped_attention_copies_and_the_mask(tmp_path)
     result = json.loads(out.read_text())
     lone, tree = result["by_size"]["1"], result["by_size"]["3"]
     assert lone["wall_ms"] > 0 and tree["launches"] > lone["launches"] > 0
+    assert lone["probe_chain_ms"] > 0 and tree["probe_chain_ms"] > 0  # the cost probe's timing beside the wall's
     extra = result["extra_over_lone_root"]["3"]
     # two layers: stacked queries and output copied per layer, the tiled mask once per forward
     assert extra["aten::copy_"] >= 2 * 2 and extra["aten::masked_fill_"] == 1
+
+
+def test_device_times_are_read_by_the_averages_key_in_milliseconds():
+    # torch's FunctionEventAvg has ``key``, not ``name`` (the first GPU run of this tool failed on it)
+    averages = [SimpleNamespace(key="gemm", self_device_time_total=1500.0),
+                SimpleNamespace(key="not launched", self_device_time_total=9.0)]
+    assert device_ms_by_name(averages, Counter({"gemm": 3})) == {"gemm": 1.5}

@@ -8,7 +8,8 @@ cost does not depend on trained weights; ``tiny`` the 2-layer model of ``step_pr
 ``TreeModel``, one forward per tree size after ``--cache-len`` cached tokens: a lone root (size 1, the
 path plain decoding takes: no mask) and trees of a root with ``k - 1`` children (our mask, grouped
 tree attention). Per size: the median wall ms of ``--repeats`` forwards (synchronised on a GPU),
-then one forward under ``torch.profiler``: on a GPU its kernels (count, and device ms by name), on a
+the cost probe's own timing of a chain of that size (``cost_probe.time_chain``: CUDA events on a
+GPU), then one forward under ``torch.profiler``: on a GPU its kernels (count, and device ms by name), on a
 CPU its leaf operators. The last table names what each tree size runs more of than the lone root.
 On a launch-bound GPU (the H100 VM of 2026-11-26: 61 ms for a lone root of the 135m shape in
 bfloat16, 77 for two tokens) those extra launches are what a tree costs.
@@ -28,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from retrieval_draft.atomic import atomic_write_bytes
 from retrieval_draft.model.tree_model import TreeModel
+from retrieval_draft.planning.cost_probe import time_chain
 from retrieval_draft.planning.timing import synchronize
 from retrieval_draft.tree import DraftTree
 from tools.diagnostics.step_profile import tiny_model
@@ -64,6 +66,13 @@ def launched(prof, cuda: bool) -> Counter:
     return counts
 
 
+def device_ms_by_name(averages, counts: Counter) -> dict:
+    """Device ms per kernel named in ``counts``, from ``profile.key_averages()`` (``FunctionEventAvg``
+    rows, named by ``key``; their times are in microseconds)."""
+    return {item.key: round(getattr(item, "self_device_time_total", 0.0) / 1000.0, 4)
+            for item in averages if item.key in counts}
+
+
 def measure(tree_model: TreeModel, size: int, repeats: int, rng: np.random.Generator) -> dict:
     """Median wall ms of ``repeats`` forwards over a ``size``-node tree (after two untimed), and
     the kernels or operators of one more; the cache is trimmed back after each."""
@@ -84,13 +93,10 @@ def measure(tree_model: TreeModel, size: int, repeats: int, rng: np.random.Gener
         tree_model.score_trees([tree])
         synchronize(device)
     tree_model.keep([np.zeros(1, dtype=np.int64)])
+    chain_ms = 1000 * time_chain(tree_model, size, rng, repeats)
     counts = launched(prof, cuda)
-    device_ms = {}
-    if cuda:
-        for item in prof.key_averages():
-            if item.name in counts:
-                device_ms[item.name] = round(getattr(item, "self_device_time_total", 0.0) / 1000.0, 4)
-    return {"wall_ms": round(1000 * float(np.median(samples)), 3), "launches": sum(counts.values()),
+    device_ms = device_ms_by_name(prof.key_averages(), counts) if cuda else {}
+    return {"wall_ms": round(1000 * float(np.median(samples)), 3), "probe_chain_ms": round(chain_ms, 3), "launches": sum(counts.values()),
             "by_name": dict(counts.most_common()), "device_ms_by_name": device_ms}
 
 
@@ -103,8 +109,9 @@ def extra_over_lone_root(table: dict) -> dict:
 
 def markdown(table: dict, extra: dict, cuda: bool) -> str:
     unit = "kernels" if cuda else "operators"
-    lines = [f"| tree nodes | wall ms | {unit} |", "|---:|---:|---:|"]
-    lines += [f"| {size} | {row['wall_ms']:.2f} | {row['launches']} |" for size, row in table.items()]
+    lines = [f"| tree nodes | wall ms | the cost probe's chain, ms | {unit} |", "|---:|---:|---:|---:|"]
+    lines += [f"| {size} | {row['wall_ms']:.2f} | {row['probe_chain_ms']:.2f} | {row['launches']} |"
+              for size, row in table.items()]
     lines += ["", f"| tree nodes | {unit} more than a lone root's |", "|---:|---|"]
     for size, names in extra.items():
         text = ", ".join(f"{name} +{count}" for name, count in sorted(names.items(), key=lambda kv: -kv[1])[:8])
