@@ -12,7 +12,10 @@ the cost probe's own timing of a chain of that size (``cost_probe.time_chain``: 
 GPU), then one forward under ``torch.profiler``: on a GPU its kernels (count, and device ms by name), on a
 CPU its leaf operators. The last table names what each tree size runs more of than the lone root.
 On a launch-bound GPU (the H100 VM of 2026-11-26: 61 ms for a lone root of the 135m shape in
-bfloat16, 77 for two tokens) those extra launches are what a tree costs.
+bfloat16, 77 for two tokens) those extra launches are what a tree costs. ``--decode-tokens N`` adds
+the same sizes inside decoding (``in_decoding``: fixed trees through the README call), for the
+question that VM's benchmark left (trees of 2-7 nodes took 2.3-2.9 lone roots' time inside decoding,
+alone no more than one).
 """
 
 from __future__ import annotations
@@ -107,6 +110,34 @@ def extra_over_lone_root(table: dict) -> dict:
             for size, row in table.items() if size != 1}
 
 
+def in_decoding(model, sizes: list[int], cache_len: int, new_tokens: int, rng: np.random.Generator) -> dict:
+    """The same tree sizes inside decoding: per size, one README call (``custom_generate``) with
+    ``adaptive_tree=False, tree_budget=size - 1`` on a prompt of ``cache_len`` tokens that repeats one
+    30-token block (a random model continues it, so drafts fill the trees), after one untimed call.
+    Per size: nodes and tokens per step, the forward as the device timed it (``ForwardTimer``: CUDA
+    events on a GPU, what the planner's corrections see) and the whole step's wall ms, in ms per step."""
+    import retrieval_draft
+    from retrieval_draft.decode.stats import DecodeStats
+    from retrieval_draft.memory import PluginMemory
+
+    block = rng.integers(3, model.config.vocab_size, size=30)
+    prompt = torch.from_numpy(np.resize(block, cache_len)[None]).to(model.device)
+    call = dict(do_sample=False, custom_generate=retrieval_draft.generate, draft_memory=PluginMemory(persist=False),
+                adaptive_tree=False)
+    model.generate(prompt, max_new_tokens=8, tree_budget=max(sizes) - 1, **call)
+    out = {}
+    for size in sizes:
+        stats = DecodeStats()
+        model.generate(prompt, max_new_tokens=new_tokens, tree_budget=size - 1, draft_stats=stats, **call)
+        steps = max(stats.forwards, 1)
+        out[size] = {"nodes_per_step": round(stats.tree_nodes / steps, 2),
+                     "tokens_per_step": round(stats.step_tokens / steps, 2),
+                     "device_forward_ms": round(1000 * stats.device_forward_s / steps, 3),
+                     "step_ms": round(1000 * stats.decode_s / steps, 3),
+                     "forwards": stats.forwards}
+    return out
+
+
 def markdown(table: dict, extra: dict, cuda: bool) -> str:
     unit = "kernels" if cuda else "operators"
     lines = [f"| tree nodes | wall ms | the cost probe's chain, ms | {unit} |", "|---:|---:|---:|---:|"]
@@ -127,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="1,2,4,16", help="tree sizes in nodes (1, the lone root, is always added)")
     p.add_argument("--cache-len", type=int, default=256)
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--decode-tokens", type=int, default=0,
+                   help="also decode this many tokens per size through the README call (fixed trees) and "
+                        "report the forward's time inside decoding (0: skip)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     sizes = sorted({1, *(int(s) for s in args.sizes.split(",") if s.strip())})
@@ -141,9 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     extra = extra_over_lone_root(table)
     cuda = tree_model.device.type == "cuda"
     print(markdown(table, extra, cuda))
+    decoding = in_decoding(model, sizes, args.cache_len, args.decode_tokens, rng) if args.decode_tokens > 0 else None
+    if decoding is not None:
+        print("\n| tree nodes (budget + 1) | nodes/step | tokens/step | forward ms (device's timer) | step ms | "
+              "forward ms alone (wall) |\n|---:|---:|---:|---:|---:|---:|")
+        for size, row in decoding.items():
+            print(f"| {size} | {row['nodes_per_step']} | {row['tokens_per_step']} | {row['device_forward_ms']:.2f} | "
+                  f"{row['step_ms']:.2f} | {table[size]['wall_ms']:.2f} |")
     if args.json:
         payload = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": args.dtype, "shape": args.shape,
-                   "cache_len": args.cache_len, "by_size": table, "extra_over_lone_root": extra}
+                   "cache_len": args.cache_len, "by_size": table, "extra_over_lone_root": extra,
+                   "in_decoding": decoding}
         atomic_write_bytes(Path(args.json), (json.dumps(payload, indent=1) + "\n").encode())
     return 0
 
