@@ -61,14 +61,7 @@ class DraftTree:
 
     def ancestor_mask(self) -> np.ndarray:
         """Boolean (n, n): ``[i, j]`` is True when node j is node i or one of its ancestors."""
-        n = self.size
-        mask = np.zeros((n, n), dtype=bool)
-        rows = np.arange(n)
-        cursor = rows.copy()
-        for _ in range(int(self.depths.max()) + 1):
-            mask[rows, cursor] = True
-            cursor = np.where(cursor > 0, self.parents[cursor], 0)
-        return mask
+        return _ancestor_mask(self.parents)
 
     def top(self, budget: int, scores: np.ndarray) -> "DraftTree":
         """The root plus the ``budget`` draft nodes of highest ``scores`` (shape (n,)).
@@ -144,6 +137,20 @@ def merge_flat(root_token: int, tokens: np.ndarray, probs: np.ndarray, lengths: 
     return DraftTree(*_merge(int(root_token), tokens.astype(np.int64, copy=False),
                              probs.astype(np.float64, copy=False), lengths.astype(np.int64, copy=False)))
 
+
+
+@numba.njit(cache=True, nogil=True)
+def _ancestor_mask(parents: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """(n, n) bool of a topological tree (``parents`` (n,), root -1): a node's row is its parent's
+    row plus itself."""
+    n = parents.shape[0]
+    mask = np.zeros((n, n), np.bool_)
+    for node in range(n):
+        parent = parents[node]
+        if parent >= 0:
+            mask[node, :node] = mask[parent, :node]
+        mask[node, node] = True
+    return mask
 
 @numba.njit(cache=True, nogil=True)
 def _merge(root: int, tokens: np.ndarray, probs: np.ndarray, lengths: np.ndarray):

@@ -245,6 +245,8 @@ class TreeModel:
             return moved[0], moved[1], moved[2]
         if dense:  # slot j holds position j in every row, all visible
             tokens_t, positions_t, among_t = to_device([tokens, positions, among], self.device)
+            if not self.layout.windowed:
+                return tokens_t, positions_t, self.layout.tree_over_dense_cache(among_t, slots.length, self.dtype)
             allowed = torch.ones((rows, width, slots.length + width), dtype=torch.bool, device=self.device)
             allowed[:, :, slots.length :] = among_t
             cache_pos = torch.arange(slots.length, device=self.device).expand(rows, -1)

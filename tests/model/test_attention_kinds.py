@@ -108,3 +108,18 @@ def test_recurrent_models_are_refused_with_one_typed_line_before_any_forward():
     with pytest.raises(UnsupportedModelError, match="recurrent") as refused:
         model.generate(_prompt(0), max_new_tokens=4, custom_generate=retrieval_draft.generate)
     assert "\n" not in str(refused.value) and calls == []
+
+
+def test_a_tree_over_a_dense_cache_gets_the_mask_the_general_rule_builds():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    layout = attention_layout(_ready(LlamaForCausalLM(LlamaConfig(**TINY))))
+    among = torch.tensor([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], dtype=torch.bool)  # root, two children
+    cached, width = 5, 3
+    allowed = torch.cat([torch.ones((1, width, cached), dtype=torch.bool), among], dim=2)
+    positions = torch.tensor([[5, 6, 6]])
+    key_pos = torch.cat([torch.arange(cached)[None], positions], dim=1)
+    general = layout.masks(allowed, positions, key_pos, torch.float32)
+    direct = layout.tree_over_dense_cache(among, cached, torch.float32)
+    assert direct.shape == (1, 1, width, cached + width) and torch.equal(direct, general)
+    assert (direct[0, 0, 1, cached + 2] == torch.finfo(torch.float32).min) and direct[0, 0, 2, cached] == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
@@ -34,11 +35,25 @@ def test_shortened_views_are_overwritten_by_the_next_update():
     layer = GrowingLayer()
     keys, values = _rows(10, 0)
     layer.update(keys, values)
-    layer.keys, layer.values = layer.keys[..., :6, :], layer.values[..., :6, :]  # what TreeModel.keep does
+    layer.keys, layer.values = layer.keys[..., :6, :], layer.values[..., :6, :]  # what transformers' crop does
     more_keys, more_values = _rows(3, 1)
     got_keys, got_values = layer.update(more_keys, more_values)
     torch.testing.assert_close(got_keys, torch.cat([keys[..., :6, :], more_keys], dim=-2), rtol=0, atol=0)
     torch.testing.assert_close(got_values, torch.cat([values[..., :6, :], more_values], dim=-2), rtol=0, atol=0)
+
+
+def test_a_pool_cut_shortens_every_layer_by_its_length_alone_and_foreign_tensors_are_refused():
+    layers = [GrowingLayer(), GrowingLayer()]
+    for seed, layer in enumerate(layers):
+        layer.update(*_rows(10, seed))
+    pool = KVPool(layers)
+    before = [layer.keys.clone() for layer in layers]
+    pool.cut(4)
+    for layer, keys in zip(layers, before):
+        assert layer.get_seq_length() == 4 and layer.keys.data_ptr() == pool.keys[layers.index(layer)].data_ptr()
+        torch.testing.assert_close(layer.keys, keys[..., :4, :], rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="prefixes of its buffer"):
+        layers[0].keys = torch.zeros(1, 2, 4, 4)  # a copy would silently leave the pool
 
 
 def test_growing_cache_creates_growing_layers():
