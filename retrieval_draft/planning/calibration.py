@@ -12,6 +12,7 @@ raw conditional probability) and maps a raw guess to the observed rate.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 DEPTH_BANDS = np.array([0, 1, 2, 4, 8])  # band b holds depths in [DEPTH_BANDS[b], DEPTH_BANDS[b + 1])
@@ -49,23 +50,13 @@ class AcceptanceCalibrator:
         self.hits = np.zeros((DEPTH_BANDS.shape[0], buckets))
         self.trials = np.zeros((DEPTH_BANDS.shape[0], buckets))
 
-    def _cells(self, raw: np.ndarray, depths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(depth band, bucket) of each conditional probability ``raw`` (shape (n,)) at ``depths``
-        (shape (n,), 0 = a draft's first token; default one draft's 0..n-1)."""
-        bucket = np.searchsorted(self.edges, raw, side="right") - 1
-        np.maximum(np.minimum(bucket, self.centers.shape[0] - 1, out=bucket), 0, out=bucket)
-        if depths is None:
-            depths = np.arange(raw.shape[0])
-        band = np.searchsorted(DEPTH_BANDS, depths, side="right") - 1
-        return band, bucket
-
     def rates(self, raw: np.ndarray, depths: np.ndarray | None = None) -> np.ndarray:
         """Calibrated conditional probabilities, shape (n,): of one draft's tokens ``raw`` (shape (n,)),
         or, with ``depths`` (shape (n,), each token's index in its draft), of many drafts' tokens at once."""
-        band, bucket = self._cells(raw, depths)
-        w = self.prior_weight
-        pooled = (self.hits.sum(0) + w * self.prior_scale * self.centers) / (self.trials.sum(0) + w)
-        return (self.hits[band, bucket] + w * pooled[bucket]) / (self.trials[band, bucket] + w)
+        if depths is None:
+            depths = np.arange(raw.shape[0])
+        return _rates(self.hits, self.trials, self.centers, self.edges, DEPTH_BANDS, float(self.prior_weight),
+                      float(self.prior_scale), np.asarray(raw, dtype=np.float64), np.asarray(depths, dtype=np.int64))
 
     def decay_counts(self) -> None:
         """Age every count once (call once per step)."""
@@ -85,19 +76,55 @@ class AcceptanceCalibrator:
         right = tested - 1 if wrong.size else tested
         if tested <= skip:
             return
-        band, bucket = self._cells(raw[:tested])
-        np.add.at(self.trials, (band[skip:], bucket[skip:]), 1.0)
-        np.add.at(self.hits, (band[skip:right], bucket[skip:right]), 1.0)
+        depths = np.arange(skip, tested)
+        self.record(raw[skip:tested], depths, depths < right)
 
     def record(self, raw: np.ndarray, depths: np.ndarray, right: np.ndarray) -> None:
         """Record tested tokens: conditional probabilities ``raw``, their indices in their drafts
         ``depths`` and whether each was right, all shape (n,); each entry one trial."""
-        band, bucket = self._cells(raw, depths)
-        np.add.at(self.trials, (band, bucket), 1.0)
-        np.add.at(self.hits, (band[right], bucket[right]), 1.0)
+        _record(self.trials, self.hits, self.edges, DEPTH_BANDS, np.asarray(raw, dtype=np.float64),
+                np.asarray(depths, dtype=np.int64), np.asarray(right, dtype=np.bool_))
 
 
 RANK_BANDS = np.array([1, 2, 3, 5, 9, 17, 33])  # band b holds ranks in [RANK_BANDS[b], RANK_BANDS[b + 1])
+
+
+@numba.njit(cache=True, nogil=True)
+def _cell(edges: np.ndarray, depth_edges: np.ndarray, raw: float, depth: int) -> tuple[int, int]:  # pragma: no cover - compiled
+    """(depth band, bucket) of one conditional probability ``raw`` at ``depth`` (the bucket clipped
+    to the edges' range)."""
+    bucket = min(max(np.searchsorted(edges, raw, side="right") - 1, 0), edges.shape[0] - 2)
+    return np.searchsorted(depth_edges, depth, side="right") - 1, bucket
+
+
+@numba.njit(cache=True, nogil=True)
+def _rates(hits, trials, centers, edges, depth_edges, weight, scale, raw, depths):  # pragma: no cover - compiled
+    """``AcceptanceCalibrator.rates`` in one pass: each cell leans on its bucket pooled over the
+    depth bands, which leans on ``scale`` times the bucket's centre; (n,) float64."""
+    bands, buckets = hits.shape
+    pooled = np.empty(buckets)
+    for bucket in range(buckets):
+        right = 0.0
+        tested = 0.0
+        for band in range(bands):
+            right += hits[band, bucket]
+            tested += trials[band, bucket]
+        pooled[bucket] = (right + weight * scale * centers[bucket]) / (tested + weight)
+    out = np.empty(raw.shape[0])
+    for i in range(raw.shape[0]):
+        band, bucket = _cell(edges, depth_edges, raw[i], depths[i])
+        out[i] = (hits[band, bucket] + weight * pooled[bucket]) / (trials[band, bucket] + weight)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _record(trials, hits, edges, depth_edges, raw, depths, right) -> None:  # pragma: no cover - compiled
+    """``AcceptanceCalibrator.record``: one trial per token in its cell, one hit where ``right``."""
+    for i in range(raw.shape[0]):
+        band, bucket = _cell(edges, depth_edges, raw[i], depths[i])
+        trials[band, bucket] += 1.0
+        if right[i]:
+            hits[band, bucket] += 1.0
 
 
 def rank_bands(ranks: np.ndarray) -> np.ndarray:
