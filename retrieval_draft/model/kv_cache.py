@@ -25,9 +25,12 @@ Pooling copies the prefill's rows once, so for that moment the cache takes twice
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from retrieval_draft.model.transfer import to_device
 
 MIN_CAPACITY = 256  # rows allocated at least, so short prompts do not regrow every few steps
 
@@ -161,14 +164,19 @@ class KVPool:
         self.keys, self.values = grown
         self._point()
 
-    def move(self, rows: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> None:
+    def move(self, rows: np.ndarray, sources: np.ndarray, targets: np.ndarray) -> None:
         """Copy position ``sources[j]`` to ``targets[j]`` of batch row ``rows[j]``, every layer and
-        head (all three shape (m,), int64, on the pool's device; targets within the live views):
-        per tensor one indexed read and one indexed write over its flat view."""
+        head (all three shape (m,), int64, on the host; targets within the live views): the flat
+        indices worked out on the host and sent in one copy, then per tensor one indexed read and
+        one indexed write over its flat view."""
+        indices = {}
         for tensor in (self.keys, self.values):
             heads = tensor.shape[2]
-            offsets = (rows[:, None] * heads + torch.arange(heads, device=rows.device)[None, :]) * self.capacity
-            source, target = (offsets + sources[:, None]).reshape(-1), (offsets + targets[:, None]).reshape(-1)
+            if heads not in indices:  # keys and values have the same heads in every model seen so far
+                offsets = (rows[:, None] * heads + np.arange(heads)[None, :]) * self.capacity  # (m, H)
+                indices[heads] = to_device([(offsets + sources[:, None]).reshape(-1),
+                                            (offsets + targets[:, None]).reshape(-1)], tensor.device)
+            source, target = indices[heads]
             flat = tensor.view(tensor.shape[0], -1, tensor.shape[-1])
             flat.index_copy_(1, target, flat.index_select(1, source))
 

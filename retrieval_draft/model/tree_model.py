@@ -183,7 +183,7 @@ class TreeModel:
         place (a dense row's accepted chain) are not copied."""
         rows, sources, targets = self.slots.keep(nodes)
         if rows:  # tree mode only: every layer is a GrowingLayer, in a pool
-            b, s, t = to_device([np.concatenate(rows), np.concatenate(sources), np.concatenate(targets)], self.device)
+            b, s, t = np.concatenate(rows), np.concatenate(sources), np.concatenate(targets)
             for pool in self.pools:
                 pool.move(b, s, t)
         cut_back(self.cache, self.slots.length, self.pools)

@@ -131,7 +131,7 @@ def _pool(keys: torch.Tensor, layers: int = 2) -> tuple[list[GrowingLayer], KVPo
 def test_move_copies_positions_within_each_batch_row_every_head_and_every_layer():
     keys = torch.randn(3, 2, 10, 4)
     layers, pool = _pool(keys)
-    pool.move(torch.tensor([0, 2, 2]), torch.tensor([9, 7, 8]), torch.tensor([5, 3, 4]))
+    pool.move(np.array([0, 2, 2]), np.array([9, 7, 8]), np.array([5, 3, 4]))
     expected = keys.clone()
     expected[0, :, 5], expected[2, :, 3], expected[2, :, 4] = keys[0, :, 9], keys[2, :, 7], keys[2, :, 8]
     for i, layer in enumerate(layers):
@@ -178,7 +178,7 @@ def test_a_pool_holds_values_narrower_than_keys():
     cache = growing_cache()
     cache.layers = layers
     (pool,) = pooled(cache)
-    pool.move(torch.tensor([0]), torch.tensor([9]), torch.tensor([2]))
+    pool.move(np.array([0]), np.array([9]), np.array([2]))
     for i, layer in enumerate(layers):
         want_keys, want_values = keys.clone() + i, values.clone() + i
         want_keys[0, :, 2], want_values[0, :, 2] = keys[0, :, 9] + i, values[0, :, 9] + i
