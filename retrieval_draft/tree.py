@@ -138,7 +138,6 @@ def merge_flat(root_token: int, tokens: np.ndarray, probs: np.ndarray, lengths: 
                              probs.astype(np.float64, copy=False), lengths.astype(np.int64, copy=False)))
 
 
-
 @numba.njit(cache=True, nogil=True)
 def _ancestor_mask(parents: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
     """(n, n) bool of a topological tree (``parents`` (n,), root -1): a node's row is its parent's
@@ -151,6 +150,7 @@ def _ancestor_mask(parents: np.ndarray) -> np.ndarray:  # pragma: no cover - com
             mask[node, :node] = mask[parent, :node]
         mask[node, node] = True
     return mask
+
 
 @numba.njit(cache=True, nogil=True)
 def _merge(root: int, tokens: np.ndarray, probs: np.ndarray, lengths: np.ndarray):
