@@ -17,10 +17,10 @@ and the tokenizer's fingerprint, written atomically.
 
 from __future__ import annotations
 
-import heapq
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+import numba
 import numpy as np
 
 from retrieval_draft.draft import Draft
@@ -102,37 +102,9 @@ class RecyclingDrafter(Drafter):
         root = int(context[-1])
         if max_len < 1 or root >= self.vocab_size or self.successors[root, 0] == EMPTY:
             return []
-        tokens, parents, conditional = [root], [-1], [1.0]
-        depths, has_child = [0], [False]
-        frontier: list[tuple[float, int, int, float]] = []  # (-path prob, parent node, token, conditional)
-        self._push_children(frontier, 0, root, 1.0)
-        while frontier and len(tokens) <= self.max_nodes:
-            negative, parent, token, prob = heapq.heappop(frontier)
-            node = len(tokens)
-            tokens.append(token)
-            parents.append(parent)
-            conditional.append(prob)
-            depths.append(depths[parent] + 1)
-            has_child.append(False)
-            has_child[parent] = True
-            if depths[node] < max_len:
-                self._push_children(frontier, node, token, -negative)
-        return [self._path(leaf, tokens, parents, conditional) for leaf in range(1, len(tokens)) if not has_child[leaf]]
-
-    def _push_children(self, frontier: list, node: int, token: int, path_prob: float) -> None:
-        for successor, prob in zip(self.successors[token].tolist(), self.probs[token].tolist()):
-            if successor == EMPTY or prob <= 0.0:
-                break
-            heapq.heappush(frontier, (-path_prob * prob, node, successor, min(prob, 1.0)))
-
-    @staticmethod
-    def _path(leaf: int, tokens: list, parents: list, conditional: list) -> Draft:
-        path = []
-        while leaf > 0:
-            path.append(leaf)
-            leaf = parents[leaf]
-        path.reverse()
-        return Draft(np.array([tokens[i] for i in path]), np.array([conditional[i] for i in path]))
+        tokens, probs, lengths = _best_first_leaves(self.successors, self.probs, root, self.max_nodes, max_len)
+        ends = np.cumsum(lengths)
+        return [Draft(tokens[end - length : end], probs[end - length : end]) for end, length in zip(ends.tolist(), lengths.tolist())]
 
     def save(self, path: str | Path, tokenizer=None) -> None:
         """Write the table to ``path`` (.npz) atomically; with ``tokenizer``, record its fingerprint."""
@@ -161,3 +133,94 @@ class RecyclingDrafter(Drafter):
         drafter = cls(vocab_size, k=successors.shape[1], max_nodes=max_nodes)
         drafter.successors, drafter.probs = successors.copy(), probs.copy()
         return drafter
+
+
+@numba.njit(cache=True, nogil=True)
+def _push_children(successors, probs, node, token, path, frontier_key, frontier_ints, frontier_cond, pushed):  # pragma: no cover - compiled
+    """Add the recorded successors of ``token`` (at tree node ``node``, path probability ``path``)
+    to the frontier from slot ``pushed`` on, stopping at an empty slot; returns the new end."""
+    for j in range(successors.shape[1]):
+        successor = successors[token, j]
+        prob = np.float64(probs[token, j])
+        if successor == EMPTY or prob <= 0.0:
+            break
+        frontier_key[pushed] = -(path * prob)
+        frontier_ints[pushed, 0], frontier_ints[pushed, 1] = node, successor
+        frontier_cond[pushed] = min(prob, 1.0)
+        pushed += 1
+    return pushed
+
+
+@numba.njit(cache=True, nogil=True)
+def _best_first_leaves(successors, probs, root, max_nodes, max_len):  # pragma: no cover - compiled
+    """The best-first tree from ``root`` over the table (``successors``/``probs`` (V, k)): up to
+    ``max_nodes`` draft nodes, each time the frontier entry of highest path probability (ties: the
+    lower parent node, then the lower token id, then the lower conditional), children no deeper
+    than ``max_len``. Returns its root-to-leaf paths laid end to end, leaves in node order: tokens
+    (m,) int64, conditional probabilities (m,) float64 (each capped at 1), path lengths (d,) int64."""
+    cap = (max_nodes + 1) * successors.shape[1]
+    frontier_key = np.empty(cap, np.float64)  # minus the path probability
+    frontier_ints = np.empty((cap, 2), np.int64)  # parent node, token
+    frontier_cond = np.empty(cap, np.float64)
+    taken = np.zeros(cap, np.bool_)
+    tokens = np.empty(max_nodes + 1, np.int64)
+    parents = np.empty(max_nodes + 1, np.int64)
+    conditional = np.empty(max_nodes + 1, np.float64)
+    depths = np.zeros(max_nodes + 1, np.int64)
+    has_child = np.zeros(max_nodes + 1, np.bool_)
+    tokens[0], parents[0], conditional[0] = root, -1, 1.0
+    count = 1
+    pushed = _push_children(successors, probs, 0, root, 1.0, frontier_key, frontier_ints, frontier_cond, 0)
+    popped = 0
+    while popped < pushed and count <= max_nodes:
+        best = -1
+        for i in range(pushed):  # the smallest (key, parent, token, conditional) not taken
+            if taken[i]:
+                continue
+            if best < 0:
+                best = i
+            elif frontier_key[i] != frontier_key[best]:
+                if frontier_key[i] < frontier_key[best]:
+                    best = i
+            elif frontier_ints[i, 0] != frontier_ints[best, 0]:
+                if frontier_ints[i, 0] < frontier_ints[best, 0]:
+                    best = i
+            elif frontier_ints[i, 1] != frontier_ints[best, 1]:
+                if frontier_ints[i, 1] < frontier_ints[best, 1]:
+                    best = i
+            elif frontier_cond[i] < frontier_cond[best]:
+                best = i
+        taken[best] = True
+        popped += 1
+        node = count
+        parent = frontier_ints[best, 0]
+        tokens[node], parents[node], conditional[node] = frontier_ints[best, 1], parent, frontier_cond[best]
+        depths[node] = depths[parent] + 1
+        has_child[parent] = True
+        count += 1
+        if depths[node] < max_len:
+            pushed = _push_children(successors, probs, node, tokens[node], -frontier_key[best], frontier_key,
+                                    frontier_ints, frontier_cond, pushed)
+    leaves = 0
+    total = 0
+    for leaf in range(1, count):
+        if not has_child[leaf]:
+            leaves += 1
+            total += depths[leaf]
+    out_tokens = np.empty(total, np.int64)
+    out_probs = np.empty(total, np.float64)
+    lengths = np.empty(leaves, np.int64)
+    at = 0
+    d = 0
+    for leaf in range(1, count):
+        if has_child[leaf]:
+            continue
+        cursor = leaf
+        for i in range(depths[leaf] - 1, -1, -1):
+            out_tokens[at + i] = tokens[cursor]
+            out_probs[at + i] = conditional[cursor]
+            cursor = parents[cursor]
+        lengths[d] = depths[leaf]
+        at += depths[leaf]
+        d += 1
+    return out_tokens, out_probs, lengths

@@ -153,3 +153,52 @@ def test_a_batch_fills_the_shared_table_from_every_row(tiny_llama):
     recorded = set(np.flatnonzero(memory.recycled(tiny_llama).successors[:, 0] != EMPTY).tolist())
     for row in range(2):  # every row's emitted tokens (but its last) were tree nodes
         assert set(out[row, ids.shape[1] - 1 : -1].tolist()) <= recorded, row
+
+
+def _heap_reference(drafter, root: int, max_len: int) -> list[tuple[list[int], list[float]]]:
+    """The best-first expansion written with heapq (the drafter's first implementation): leaves'
+    paths as (tokens, conditionals), leaves in node order."""
+    import heapq
+
+    tokens, parents, conditional, depths, has_child = [root], [-1], [1.0], [0], [False]
+    frontier: list = []
+
+    def push(node, token, path):
+        for successor, prob in zip(drafter.successors[token].tolist(), drafter.probs[token].tolist()):
+            if successor == -1 or prob <= 0.0:
+                break
+            heapq.heappush(frontier, (-path * prob, node, successor, min(prob, 1.0)))
+
+    push(0, root, 1.0)
+    while frontier and len(tokens) <= drafter.max_nodes:
+        negative, parent, token, prob = heapq.heappop(frontier)
+        node = len(tokens)
+        tokens.append(token), parents.append(parent), conditional.append(prob)
+        depths.append(depths[parent] + 1), has_child.append(False)
+        has_child[parent] = True
+        if depths[node] < max_len:
+            push(node, token, -negative)
+    paths = []
+    for leaf in range(1, len(tokens)):
+        if not has_child[leaf]:
+            path, cursor = [], leaf
+            while cursor > 0:
+                path.append(cursor)
+                cursor = parents[cursor]
+            paths.append(([tokens[i] for i in reversed(path)], [conditional[i] for i in reversed(path)]))
+    return paths
+
+
+def test_the_compiled_best_first_tree_equals_the_heap_expansion_ties_included():
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        vocab, k = 12, int(rng.integers(1, 5))
+        drafter = RecyclingDrafter(vocab, k=k, max_nodes=int(rng.integers(1, 20)))
+        # few distinct probabilities, so equal path probabilities (ties) are common; some rows short
+        drafter.successors[:] = rng.integers(0, vocab, size=(vocab, k))
+        drafter.probs[:] = rng.choice(np.array([0.5, 0.25, 1.0, 0.125], dtype=np.float32), size=(vocab, k))
+        short = rng.random(vocab) < 0.3
+        drafter.successors[short, k // 2 :] = -1
+        root, max_len = int(rng.integers(0, vocab)), int(rng.integers(1, 6))
+        got = [(d.tokens.tolist(), d.probs.tolist()) for d in drafter.propose(np.array([root]), max_len)]
+        assert got == _heap_reference(drafter, root, max_len), trial
