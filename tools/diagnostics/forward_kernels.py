@@ -31,11 +31,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from retrieval_draft.atomic import atomic_write_bytes
+from retrieval_draft.memory import PluginMemory
 from retrieval_draft.model.tree_model import TreeModel
 from retrieval_draft.planning.cost_probe import time_chain
 from retrieval_draft.planning.timing import synchronize
 from retrieval_draft.tree import DraftTree
-from tools.diagnostics.step_profile import tiny_model
+from tools.diagnostics.step_profile import ours, tiny_model
 from tools.gpu_check import DTYPES, LLAMA_SHAPES
 
 VIEWS = {  # operators that launch nothing: not counted on a CPU
@@ -115,26 +116,17 @@ def in_decoding(model, sizes: list[int], cache_len: int, new_tokens: int, rng: n
     ``adaptive_tree=False, tree_budget=size - 1`` on a prompt of ``cache_len`` tokens that repeats one
     30-token block (a random model continues it, so drafts fill the trees), after one untimed call.
     Per size: nodes and tokens per step, the forward as the device timed it (``ForwardTimer``: CUDA
-    events on a GPU, what the planner's corrections see) and the whole step's wall ms, in ms per step."""
-    import retrieval_draft
-    from retrieval_draft.decode.stats import DecodeStats
-    from retrieval_draft.memory import PluginMemory
-
+    events on a GPU, what the planner's corrections see) and the whole step's wall ms, in ms per step,
+    as ``step_profile.ours`` sums them."""
     block = rng.integers(3, model.config.vocab_size, size=30)
     prompt = torch.from_numpy(np.resize(block, cache_len)[None]).to(model.device)
-    call = dict(do_sample=False, custom_generate=retrieval_draft.generate, draft_memory=PluginMemory(persist=False),
-                adaptive_tree=False)
-    model.generate(prompt, max_new_tokens=8, tree_budget=max(sizes) - 1, **call)
+    memory = PluginMemory(persist=False)
+    ours(model, [prompt], 8, memory, adaptive_tree=False, tree_budget=max(sizes) - 1)
     out = {}
     for size in sizes:
-        stats = DecodeStats()
-        model.generate(prompt, max_new_tokens=new_tokens, tree_budget=size - 1, draft_stats=stats, **call)
-        steps = max(stats.forwards, 1)
-        out[size] = {"nodes_per_step": round(stats.tree_nodes / steps, 2),
-                     "tokens_per_step": round(stats.step_tokens / steps, 2),
-                     "device_forward_ms": round(1000 * stats.device_forward_s / steps, 3),
-                     "step_ms": round(1000 * stats.decode_s / steps, 3),
-                     "forwards": stats.forwards}
+        row = ours(model, [prompt], new_tokens, memory, adaptive_tree=False, tree_budget=size - 1)
+        out[size] = {"nodes_per_step": row["nodes_per_step"], "tokens_per_step": row["tokens_per_step"],
+                     "device_forward_ms": row["device_forward"], "step_ms": row["step"], "forwards": row["forwards"]}
     return out
 
 
