@@ -73,17 +73,17 @@ class RecyclingDrafter(Drafter):
 
         with torch.no_grad():
             if transfer.computes_on_host(logits[0]):  # torch.topk and logsumexp cost ~4x more on CPU (row_top_k)
-                return torch.from_numpy(self._host_request([part.numpy() for part in logits], torch.get_num_threads()))
+                return torch.from_numpy(self._host_request([part.numpy() for part in logits]))
             rows = (logits[0] if len(logits) == 1 else torch.cat(list(logits)))[:, : self.vocab_size].float()
             top = torch.topk(rows, self.k, dim=-1)
             indices = top.indices
             probs = torch.exp(top.values - torch.logsumexp(rows, dim=-1, keepdim=True))
         return torch.cat([indices.to(torch.int32), probs.view(torch.int32)], dim=1)
 
-    def _host_request(self, parts: "Sequence[np.ndarray]", threads: int = 1) -> np.ndarray:
+    def _host_request(self, parts: "Sequence[np.ndarray]") -> np.ndarray:
         """``tree_request``'s columns computed on the host from each part's (n_i, V) float32
-        logits, without joining them, rows split over ``threads`` threads: (sum n_i, 2k) int32."""
-        ids, values, log_norm = top_k_rows([part[:, : self.vocab_size] for part in parts], self.k, threads)
+        logits, without joining them: (sum n_i, 2k) int32."""
+        ids, values, log_norm = top_k_rows([part[:, : self.vocab_size] for part in parts], self.k)
         probs = np.exp(values - log_norm[:, None]).astype(np.float32)
         probs[~np.isfinite(probs)] = 0.0  # a row of NaN
         columns = np.empty((ids.shape[0], 2 * self.k), dtype=np.int32)

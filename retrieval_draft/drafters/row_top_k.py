@@ -8,12 +8,13 @@ maximum reaches the k-th largest group maximum can hold the k largest entries, s
 are scanned (a few hundred entries, not V); and the normaliser log(sum(exp(x))) sums a
 branch-free exp that the compiler vectorises (2**n times a degree-5 polynomial for 2**f, n
 added to the float's exponent bits; relative error about 3e-7 per term; the log-normaliser
-agrees with torch's to about 1e-6). Rows are split over threads.
+agrees with torch's to about 1e-6).
 Ties keep the lower index first, as ``torch.argmax`` does.
 
-Per row, rows fresh from memory, one process alternating (2026-11-26, the same AMD EPYC):
-1 row 83 -> 64 us, 8 rows 66 -> 32 us, 40 rows 72 -> 32 us a row, from before the group
-maxima vectorised and rows were split over two threads to after.
+Per row, rows fresh from memory, one process alternating (2026-11-26, that AMD EPYC), before
+and after the group maxima were vectorised: 1 row 81 -> 51 us, 8 rows 66 -> 43 us, 40 rows
+81 -> 54 us a row. Splitting rows over two threads (``prange``) halved the time again at 8 rows
+and more, but made the module's first compilation in a fresh install about 14 s (3-4 s): dropped.
 """
 
 from __future__ import annotations
@@ -86,23 +87,20 @@ def _group_maxima(row: np.ndarray, groups: np.ndarray, spare: np.ndarray) -> Non
     NaN entries are passed over unless a group starts with one (its maximum is then NaN and the
     group is scanned).
 
-    Each pass writes the running maxima to the other of two buffers: updated in place, the loop
-    stayed scalar (about 40 us a row on a 2-core AMD EPYC); this way the select compiles to one
-    vector max (``v > m ? v : m`` is what ``maxps`` computes, NaN included), about 5 us.
+    Each pass writes the running maxima into the other of two buffers: updated in place, the
+    loop stayed scalar (about 40 us a row on a 2-core AMD EPYC); this way the select compiles to
+    one vector max (``v > m ? v : m`` is what ``maxps`` computes, NaN included), about 5 us.
     """
     width = row.shape[0]
     stride = width // BLOCK
-    acc, nxt = groups, spare
     for g in range(stride):
-        acc[g] = row[g]
-    for b in range(1, BLOCK):
-        part = row[b * stride : (b + 1) * stride]
+        spare[g] = row[g]
+    for b in range(1, BLOCK):  # odd passes write groups, even ones spare: BLOCK (even) - 1 passes end in groups
+        base = b * stride
+        source, target = (spare, groups) if b % 2 == 1 else (groups, spare)
         for g in range(stride):
-            v, m = part[g], acc[g]
-            nxt[g] = v if v > m else m
-        acc, nxt = nxt, acc
-    if stride and acc is not groups:
-        groups[:stride] = acc[:stride]
+            v, m = row[base + g], source[g]
+            target[g] = v if v > m else m
     if stride * BLOCK < width:
         top = row[stride * BLOCK]
         for j in range(stride * BLOCK + 1, width):
@@ -112,48 +110,39 @@ def _group_maxima(row: np.ndarray, groups: np.ndarray, spare: np.ndarray) -> Non
 
 
 @numba.njit(cache=True, nogil=True)
-def _scan_row(values, r, k, ids, best, log_norm) -> None:
-    """Row ``r`` of ``values`` (n, V), read from memory once and then from cache: group maxima,
-    the k largest entries into ``ids[r]`` / ``best[r]``, the log-normaliser into ``log_norm[r]``."""
-    width = values.shape[1]
+def _scan(values, k, ids, best, log_norm, scratch) -> None:
+    """Row by row (each read from memory once, then from cache): group maxima, the k largest
+    entries, the log-normaliser."""
+    rows, width = values.shape
     stride = width // BLOCK  # group g < stride holds entries g, g + stride, ...; the tail is one more group
     count = stride + (1 if stride * BLOCK < width else 0)
     groups = np.empty(count, np.float32)
-    _group_maxima(values[r], groups, np.empty(count, np.float32))
-    floor = _kth_largest(groups, k)
-    for i in range(k):
-        best[r, i] = -np.inf
-        ids[r, i] = width
-    for g in range(count):
-        if groups[g] < floor or groups[g] < best[r, k - 1]:
-            continue
-        first, last, step = (g, g + stride * BLOCK, stride) if g < stride else (stride * BLOCK, width, 1)
-        for j in range(first, last, step):
-            v = values[r, j]
-            if v > best[r, k - 1] or (v == best[r, k - 1] and j < ids[r, k - 1]):
-                _insert(k, r, j, v, ids, best)
-    peak = best[r, 0]
-    log_norm[r] = peak + np.log(_exp_sum(values[r], peak, np.empty(width, np.float32))) if np.isfinite(peak) else np.nan
+    spare = np.empty(count, np.float32)
+    for r in range(rows):
+        _group_maxima(values[r], groups, spare)
+        floor = _kth_largest(groups, k)
+        for i in range(k):
+            best[r, i] = -np.inf
+            ids[r, i] = width
+        for g in range(count):
+            if groups[g] < floor or groups[g] < best[r, k - 1]:
+                continue
+            first, last, step = (g, g + stride * BLOCK, stride) if g < stride else (stride * BLOCK, width, 1)
+            for j in range(first, last, step):
+                v = values[r, j]
+                if v > best[r, k - 1] or (v == best[r, k - 1] and j < ids[r, k - 1]):
+                    _insert(k, r, j, v, ids, best)
+        peak = best[r, 0]
+        log_norm[r] = peak + np.log(_exp_sum(values[r], peak, scratch)) if np.isfinite(peak) else np.nan
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _scan(values, k, ids, best, log_norm) -> None:
-    """``_scan_row`` for every row of ``values`` (n, V), rows split over Numba's threads."""
-    for r in numba.prange(values.shape[0]):
-        _scan_row(values, r, k, ids, best, log_norm)
-
-
-def top_k_rows(
-    values: "np.ndarray | Sequence[np.ndarray]", k: int, threads: int = 1
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def top_k_rows(values: "np.ndarray | Sequence[np.ndarray]", k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row's k largest entries and its log-normaliser.
 
     Args:
         values: (n, V) float32 logits, V >= k; or a sequence of (n_i, V) arrays, taken as their
             rows in order (n = the sum of the n_i), never joined.
         k: entries kept per row.
-        threads: rows are split over this many of Numba's threads (at most its pool's size;
-            the caller passes torch's setting, so a process held to one thread stays on one).
 
     Returns:
         ids (n, k) int64, largest first (ties: lower index first; NaN entries are never chosen,
@@ -165,15 +154,11 @@ def top_k_rows(
     ids = np.empty((rows, k), dtype=np.int64)
     best = np.empty((rows, k), dtype=np.float32)
     log_norm = np.empty(rows, dtype=np.float64)
-    previous = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-    try:
-        start = 0
-        for part in parts:
-            part = np.ascontiguousarray(part, dtype=np.float32)
-            end = start + part.shape[0]
-            _scan(part, k, ids[start:end], best[start:end], log_norm[start:end])
-            start = end
-    finally:
-        numba.set_num_threads(previous)
+    scratch = np.empty(parts[0].shape[1], dtype=np.float32)
+    start = 0
+    for part in parts:
+        part = np.ascontiguousarray(part, dtype=np.float32)
+        end = start + part.shape[0]
+        _scan(part, k, ids[start:end], best[start:end], log_norm[start:end], scratch)
+        start = end
     return ids, best, log_norm

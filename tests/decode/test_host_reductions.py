@@ -81,8 +81,7 @@ def test_a_request_over_several_trees_equals_the_request_over_their_rows_joined(
         np.testing.assert_array_equal(got, expected)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_host_top_k_passes_over_scattered_nan_entries_on_any_thread_count(threads):
+def test_host_top_k_passes_over_scattered_nan_entries():
     generator = torch.Generator().manual_seed(5)
     rows = torch.randn(5, 4099, generator=generator) * 3
     stride = 4099 // 64
@@ -91,10 +90,7 @@ def test_host_top_k_passes_over_scattered_nan_entries_on_any_thread_count(thread
     rows[1, 7 + 3 * stride] = float("nan")  # ... before a NaN in the same group
     rows[2, ::3] = float("nan")
     rows[3, -1] = float("nan")  # in the last, partial group
-    ids, values, _ = top_k_rows(rows.numpy(), 4, threads=threads)
+    ids, _, _ = top_k_rows(rows.numpy(), 4)
     for row, chosen in zip(rows.numpy(), ids):
         finite = np.where(np.isnan(row), -np.inf, row)
         np.testing.assert_array_equal(chosen, np.lexsort((np.arange(row.shape[0]), -finite))[:4])
-    single = top_k_rows(rows.numpy(), 4, threads=1)
-    for got, expected in zip((ids, values), single[:2]):
-        np.testing.assert_array_equal(got, expected)
