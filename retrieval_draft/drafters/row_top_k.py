@@ -14,7 +14,8 @@ Ties keep the lower index first, as ``torch.argmax`` does.
 Per row, rows fresh from memory, one process alternating (2026-11-26, that AMD EPYC), before
 and after the group maxima were vectorised: 1 row 81 -> 51 us, 8 rows 66 -> 43 us, 40 rows
 81 -> 54 us a row. Splitting rows over two threads (``prange``) halved the time again at 8 rows
-and more, but made the module's first compilation in a fresh install about 14 s (3-4 s): dropped.
+and more, but made the module's first compilation in a fresh install about 14 s instead of 3-4 s:
+dropped.
 """
 
 from __future__ import annotations
