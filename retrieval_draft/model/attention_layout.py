@@ -108,15 +108,21 @@ class AttentionLayout:
         """Some layer sees less than the whole causal past (a sliding window or a chunk)."""
         return any(kind.span is not None for kind in self.kinds)
 
-    def tree_over_dense_cache(self, among: torch.Tensor, cached: int, dtype: torch.dtype):
-        """``masks`` for a model without windowed layers whose rows see all ``cached`` slots of the
-        cache: new slot i sees new slot j where ``among`` (B, n, n) bool holds. Built straight into
-        the (B, 1, n, cached + n) additive mask (0 = attend, the dtype's lowest value = blocked),
-        or a dict of that one tensor keyed by kind."""
+    def tree_over_dense_cache(self, among: torch.Tensor, cached: int, positions: torch.Tensor, dtype: torch.dtype):
+        """``masks`` for trees after ``cached`` cache slots that every row sees, slot j holding
+        position j: new slot i sees new slot j where ``among`` (B, n, n) bool holds; ``positions``
+        (B, n) are the new slots' position ids. Without windowed layers the (B, 1, n, cached + n)
+        additive mask is built straight from ``among`` (two operations where the general rule takes
+        nine); windowed kinds go through ``masks``. Same return as ``masks``."""
         rows, width, _ = among.shape
-        mask = torch.zeros((rows, 1, width, cached + width), dtype=dtype, device=among.device)
-        mask[:, 0, :, cached:].masked_fill_(~among, torch.finfo(dtype).min)
-        return {kind.key: mask for kind in self.kinds} if self.keyed else mask
+        if not self.windowed:
+            mask = torch.zeros((rows, 1, width, cached + width), dtype=dtype, device=among.device)
+            mask[:, 0, :, cached:].masked_fill_(~among, torch.finfo(dtype).min)
+            return {kind.key: mask for kind in self.kinds} if self.keyed else mask
+        allowed = torch.ones((rows, width, cached + width), dtype=torch.bool, device=among.device)
+        allowed[:, :, cached:] = among
+        key_pos = torch.cat([torch.arange(cached, device=among.device).expand(rows, -1), positions], dim=1)
+        return self.masks(allowed, positions, key_pos, dtype)
 
     def masks(self, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor, dtype: torch.dtype):
         """Additive masks for ``allowed`` (B, n, K) bool (causal and tree visibility), narrowed by each

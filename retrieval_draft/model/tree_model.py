@@ -245,13 +245,7 @@ class TreeModel:
             return moved[0], moved[1], moved[2]
         if dense:  # slot j holds position j in every row, all visible
             tokens_t, positions_t, among_t = to_device([tokens, positions, among], self.device)
-            if not self.layout.windowed:
-                return tokens_t, positions_t, self.layout.tree_over_dense_cache(among_t, slots.length, self.dtype)
-            allowed = torch.ones((rows, width, slots.length + width), dtype=torch.bool, device=self.device)
-            allowed[:, :, slots.length :] = among_t
-            cache_pos = torch.arange(slots.length, device=self.device).expand(rows, -1)
-            key_pos = torch.cat([cache_pos, positions_t], dim=1)
-            return tokens_t, positions_t, self.layout.masks(allowed, positions_t, key_pos, self.dtype)
+            return tokens_t, positions_t, self.layout.tree_over_dense_cache(among_t, slots.length, positions_t, self.dtype)
         cache = np.broadcast_to(slots.visible[:, None, :], (rows, width, slots.length))
         allowed = np.concatenate([cache, among], axis=2)
         key_pos = np.concatenate([slots.slot_pos, positions], axis=1)

@@ -120,6 +120,6 @@ def test_a_tree_over_a_dense_cache_gets_the_mask_the_general_rule_builds():
     positions = torch.tensor([[5, 6, 6]])
     key_pos = torch.cat([torch.arange(cached)[None], positions], dim=1)
     general = layout.masks(allowed, positions, key_pos, torch.float32)
-    direct = layout.tree_over_dense_cache(among, cached, torch.float32)
+    direct = layout.tree_over_dense_cache(among, cached, positions, torch.float32)
     assert direct.shape == (1, 1, width, cached + width) and torch.equal(direct, general)
     assert (direct[0, 0, 1, cached + 2] == torch.finfo(torch.float32).min) and direct[0, 0, 2, cached] == 0
