@@ -63,22 +63,6 @@ class AcceptanceCalibrator:
         self.hits *= self.decay
         self.trials *= self.decay
 
-    def grade(self, raw: np.ndarray, draft_tokens: np.ndarray, truth: np.ndarray, skip: int = 0) -> None:
-        """Record one draft's outcome against the model's tokens ``truth`` (shape (t,)).
-
-        ``raw``: shape (n,), the draft's conditional probabilities; the first
-        wrong token is the last one tested. The first ``skip`` tokens are left
-        out (another draft of the same drafter already graded that prefix).
-        """
-        n = min(draft_tokens.shape[0], truth.shape[0])
-        wrong = np.flatnonzero(draft_tokens[:n] != truth[:n])
-        tested = int(wrong[0]) + 1 if wrong.size else n
-        right = tested - 1 if wrong.size else tested
-        if tested <= skip:
-            return
-        depths = np.arange(skip, tested)
-        self.record(raw[skip:tested], depths, depths < right)
-
     def record(self, raw: np.ndarray, depths: np.ndarray, right: np.ndarray) -> None:
         """Record tested tokens: conditional probabilities ``raw``, their indices in their drafts
         ``depths`` and whether each was right, all shape (n,); each entry one trial."""

@@ -45,16 +45,17 @@ def test_calibrator_moves_toward_the_observed_rate():
     calibrator = AcceptanceCalibrator(decay=1.0)
     raw = np.array([0.85])
     for _ in range(200):
-        calibrator.grade(raw, np.array([5]), np.array([6]))  # always wrong
+        calibrator.record(raw, np.zeros(1), np.array([False]))  # always wrong
     assert calibrator.rates(raw)[0] < 0.05
     for _ in range(200):
-        calibrator.grade(raw, np.array([5]), np.array([5]))  # always right
+        calibrator.record(raw, np.zeros(1), np.array([True]))  # always right
     assert 0.4 < calibrator.rates(raw)[0] < 0.6
 
 
 def test_only_tokens_after_a_right_prefix_are_graded():
-    calibrator = AcceptanceCalibrator(decay=1.0)
-    calibrator.grade(np.full(4, 0.5), np.array([1, 2, 3, 4]), np.array([1, 9, 3, 4]))
+    planner = TreePlanner()
+    planner.grade([("d", Draft(np.array([1, 2, 3, 4]), np.full(4, 0.5)))], np.array([1, 9, 3, 4]))
+    calibrator = planner.calibrator("d")
     assert calibrator.trials.sum() == 2  # depth 0 right, depth 1 wrong, deeper never tested
     assert calibrator.hits.sum() == 1
 
@@ -218,8 +219,8 @@ def test_calibrator_buckets_separate_high_probabilities():
     calibrator = AcceptanceCalibrator(decay=1.0)
     sure, likely = np.array([0.98]), np.array([0.91])
     for _ in range(100):
-        calibrator.grade(sure, np.array([5]), np.array([5]))
-        calibrator.grade(likely, np.array([5]), np.array([6]))
+        calibrator.record(sure, np.zeros(1), np.array([True]))
+        calibrator.record(likely, np.zeros(1), np.array([False]))
     assert calibrator.rates(sure)[0] > 0.9
     assert calibrator.rates(likely)[0] < 0.1
     with pytest.raises(ValueError):
