@@ -133,26 +133,29 @@ class TreePlanner:
         if self.cost is not None:
             self._candidates = list(zip(fulls, orders))
             ranked = [probs * self.ranks.factors(probs.shape[0]) for probs in ranked]
-        self._drop_outgrown_probe()
-        self._probing = self._fitting_probe(ranked)
+        self._probing = self._fitting_probe(self._open_probe_forward(), ranked)
         budget = self._probing.tokens - 1 if self._probing is not None else self.width(ranked, cache_len)
         return [full.top(budget, full.probs) for full in fulls]
 
-    def _drop_outgrown_probe(self) -> None:
-        """A forward larger than this planner's trees can ever be ends its probing: it plans with
-        the sizes timed so far, corrected by the forwards it times (the measurement stays open,
-        not stored, for a call with a larger ``tree_budget``)."""
-        if self.probe is not None:
-            wanted = self.probe.pending()
-            if wanted is not None and wanted.tokens - 1 > self.tree_budget:
-                self.probe = None
-
-    def _fitting_probe(self, ranked: list[np.ndarray]) -> Probe | None:
-        """The probe's next forward, when this step is one row whose candidates fill it."""
-        if self.probe is None or len(ranked) != 1:
+    def _open_probe_forward(self) -> Probe | None:
+        """The open probe's next forward (None without one). A forward larger than this planner's
+        trees can ever be ends its probing first: it plans with the sizes timed so far, corrected by
+        the forwards it times (the measurement stays open, not stored, for a call with a larger
+        ``tree_budget``)."""
+        if self.probe is None:
             return None
         wanted = self.probe.pending()
-        return wanted if wanted is not None and wanted.tokens - 1 <= ranked[0].shape[0] else None
+        if wanted is not None and wanted.tokens - 1 > self.tree_budget:
+            self.probe = None
+            return None
+        return wanted
+
+    @staticmethod
+    def _fitting_probe(wanted: Probe | None, ranked: list[np.ndarray]) -> Probe | None:
+        """The probe's next forward ``wanted``, when this step is one row whose candidates fill it."""
+        if wanted is None or len(ranked) != 1:
+            return None
+        return wanted if wanted.tokens - 1 <= ranked[0].shape[0] else None
 
     def matmul_sizes(self) -> frozenset | None:
         """Forward sizes (rows x width) that take the skinny matmul this step
