@@ -1,14 +1,61 @@
-"""The plugin's drafting settings and their defaults: the one owner of each.
+"""The plugin's drafting settings and their defaults: the one owner of each, and of its check.
 
 The plugin's keyword arguments, the CLI's flags, ``session.GenerationRequest``
-and the tools all take their defaults from ``DEFAULTS``.
+and the tools all take their defaults from ``DEFAULTS``; every entry point checks
+a setting with ``check_setting`` (``DraftConfig`` does, on construction), so each
+setting's type and range are written down once, here. Imports nothing heavy: the
+command line reads this module without torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import numbers
+from dataclasses import dataclass, fields
 
 from retrieval_draft.errors import InvalidInputError
+
+MAX_TREE_BUDGET = 4096  # draft nodes per tree; a tree's mask holds (nodes + 1) x (context + nodes + 1) entries
+MAX_DRAFT_LEN = 4096  # tokens per draft path
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+
+
+def _integer(name: str, value, low: int, high: int, shown: str = "") -> int:
+    """``value`` as an int in ``low..high`` (a Python or numpy integer; never a bool or a float);
+    ``shown`` names the range in the error (default ``low..high``)."""
+    wanted = f"{name} must be {shown or f'an integer in {low}..{high}'}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidInputError(f"{wanted}, got {value!r} ({type(value).__name__})")
+    if not low <= int(value) <= high:
+        raise InvalidInputError(f"{wanted}, got {value!r}")
+    return int(value)
+
+
+def _flag(name: str, value) -> bool:
+    """``value`` as a bool (True / False, or a numpy bool); 'no', 0 and None are refused, not guessed."""
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    if not (isinstance(value, bool) or numpy_bool):
+        raise InvalidInputError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
+def _seed(name: str, value) -> int | None:
+    return None if value is None else _integer(name, value, *SEED_RANGE, shown="None or an integer in -2**63..2**64-1")
+
+
+# setting -> its check, which returns the value normalised (numpy scalars to Python ones)
+_CHECKS = {
+    "tree_budget": lambda name, value: _integer(name, value, 0, MAX_TREE_BUDGET),
+    "max_draft_len": lambda name, value: _integer(name, value, 1, MAX_DRAFT_LEN),
+    "adaptive_tree": _flag,
+    "draft_learning": _flag,
+    "draft_seed": _seed,
+}
+
+
+def check_setting(name: str, value):
+    """``value`` for the setting ``name``, checked and normalised; ``InvalidInputError`` naming
+    the setting, its valid range and the value given otherwise."""
+    return _CHECKS[name](name, value)
 
 
 @dataclass(frozen=True)
@@ -16,24 +63,24 @@ class DraftConfig:
     """How drafts are made and verified (none of it changes what is generated).
 
     Attributes:
-        tree_budget: most draft nodes per verification tree (0 = plain decoding).
-        max_draft_len: deepest draft path, in tokens.
+        tree_budget: most draft nodes per verification tree (0 = plain decoding), 0..4096.
+        max_draft_len: deepest draft path, in tokens, 1..4096.
         adaptive_tree: size each tree by measured cost and observed acceptance;
             False verifies ``tree_budget`` nodes whenever drafts allow.
         draft_learning: start from what earlier calls with the model learned
             (acceptance rates, cost corrections) and draft from their outputs.
+        draft_seed: seed of sampling (None: drawn from torch's global generator).
     """
 
     tree_budget: int = 32
     max_draft_len: int = 32
     adaptive_tree: bool = True
     draft_learning: bool = True
+    draft_seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.tree_budget, int) or self.tree_budget < 0:
-            raise InvalidInputError(f"tree_budget must be an integer >= 0, got {self.tree_budget!r}")
-        if not isinstance(self.max_draft_len, int) or self.max_draft_len < 1:
-            raise InvalidInputError(f"max_draft_len must be an integer >= 1, got {self.max_draft_len!r}")
+        for field in fields(self):
+            object.__setattr__(self, field.name, check_setting(field.name, getattr(self, field.name)))
 
 
 DEFAULTS = DraftConfig()

@@ -25,10 +25,10 @@ from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
-from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.hf_options import ScoreRecorder, build_output, check_options, padded_sequences, score_recorder
 from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
+from retrieval_draft.plugin_keywords import plugin_keywords
 from retrieval_draft.model.generate_kwargs import eos_token_ids, pad_token_id, receives_generate_kwargs
 from retrieval_draft.model.row_processors import row_processors
 from retrieval_draft.model.attention_layout import CHAIN
@@ -72,8 +72,11 @@ def generate(
     by ``hf_options.receives_generate_kwargs``; an assistant model is refused.
 
     Args (ours; the rest come from ``generate``):
-        drafters: drafter instances; default prompt lookup, plus the
-            datastore's drafters when ``datastore`` is given.
+        drafters: registry names (``prompt``, ``ngram``, ...: a list, or a comma-separated
+            string, as the command line's ``--drafters``) or drafter instances; default
+            prompt lookup, the output history and logits recycling, plus the datastore's
+            drafters when ``datastore`` is given. Every keyword of ours is checked, by type
+            and range, before the prefill (``plugin_keywords``).
         datastore: path of a datastore built by ``retrieval-draft build`` or
             ``retrieval-draft repo`` (opened and verified once per process, re-opened
             when rebuilt), a store from ``retrieval_draft.open_datastore``, or a list
@@ -111,7 +114,14 @@ def generate(
         (B, V)) when ``output_scores`` / ``output_logits`` ask for them.
     """
     check_options(generation_config, assistant_model)
-    config = DraftConfig(tree_budget, max_draft_len, adaptive_tree, draft_learning)
+    rows = input_ids.shape[0]
+    ours = plugin_keywords(
+        rows, drafters=drafters, datastore=datastore, draft_tokenizer=draft_tokenizer, tokenizer=tokenizer,
+        draft_planner=draft_planner, draft_streamer=draft_streamer, draft_stats=draft_stats, draft_memory=draft_memory,
+        tree_budget=tree_budget, max_draft_len=max_draft_len, adaptive_tree=adaptive_tree,
+        draft_learning=draft_learning, draft_seed=draft_seed,
+    )
+    config = ours.config
     attention_mask = model_kwargs.get("attention_mask")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
@@ -122,67 +132,41 @@ def generate(
         max_draft_len=config.max_draft_len,
         do_sample=bool(generation_config.do_sample),
     )
-    memory = draft_memory if draft_memory is not None else PROCESS_MEMORY
-    rows = input_ids.shape[0]
-    if drafters is not None:
-        given = row_lists(drafters, rows)
-    else:
-        tokenizer = draft_tokenizer or tokenizer
-        given = [default_drafters(datastore, model, tokenizer, memory, config.draft_learning)] * rows  # one menu, per-row handles
+    memory = ours.memory
+    given = ours.drafters if ours.drafters is not None else [  # one menu, per-row handles
+        default_drafters(ours.datastore, model, ours.tokenizer, memory, config.draft_learning, ours.names)
+    ] * rows
     recorders = [score_recorder(generation_config, view) for view in row_processors(logits_processor, rows)]
-    streamers = row_streamers(draft_streamer, rows)
+    streamers = ours.streamers
     # One generation at a time per model: a tree forward switches the model's attention
     # function and linear layers for its duration, which another thread must not see.
     with memory.model(model).lock:
         tree_model = TreeModel(model)
-        if draft_planner is None:  # one row verified as trees can measure the cost curve while it decodes
+        if ours.planner is None:  # one row verified as trees can measure the cost curve while it decodes
             can_probe = rows == 1 and tree_model.layout.mode != CHAIN
             planner = make_planner(model, config, options.do_sample, memory, can_probe)
         else:
-            planner = draft_planner
+            planner = ours.planner
         for row, streamer in enumerate(streamers):
             if streamer is not None:
                 streamer.put(input_ids[row : row + 1, attention_mask[row].bool()].cpu())
         outputs, stats = speculative_decode(
             tree_model, input_ids.cpu(), given, options, attention_mask=attention_mask,
             planner=planner, processor=logits_processor,
-            generator=_sampling_generator(draft_seed) if options.do_sample else None,
+            generator=_sampling_generator(config.draft_seed) if options.do_sample else None,
             should_stop=_extra_stop_check(stopping_criteria),
             sinks=[_sinks(streamer, recorder) for streamer, recorder in zip(streamers, recorders)],
         )
         for streamer in streamers:
             if streamer is not None:
                 streamer.end()
-        memory.finish_probe(model)
-        if config.draft_learning and draft_planner is None:
+        memory.after_call(model)
+        if config.draft_learning and ours.planner is None:
             memory.save_learned(model)
-    if draft_stats is not None:
-        draft_stats.__dict__.update(stats.__dict__)
+    if ours.stats is not None:
+        ours.stats.__dict__.update(stats.__dict__)
     sequences = padded_sequences(input_ids, outputs, pad_token_id(generation_config, options.eos_ids))
     return build_output(sequences, generation_config, recorders)
-
-
-def row_lists(drafters: Sequence, rows: int) -> list[list[Drafter]]:
-    """``drafters=`` as one list per row: a flat list of drafters serves every row."""
-    items = list(drafters)
-    if all(isinstance(item, Drafter) for item in items):
-        return [items for _ in range(rows)]
-    if len(items) != rows or not all(isinstance(item, (list, tuple)) for item in items):
-        raise InvalidInputError(f"drafters= must be one list of drafters, or one list per row ({rows} rows)")
-    return [list(item) for item in items]
-
-
-def row_streamers(streamer, rows: int) -> list:
-    """``draft_streamer=`` as one streamer (or None) per row: one row takes a streamer, a batch
-    a list of ``rows`` streamers, each fed its row's prompt (real tokens, shape (1, n)), new
-    tokens and ``end``."""
-    if streamer is None:
-        return [None] * rows
-    if rows == 1 and not isinstance(streamer, (list, tuple)):
-        return [streamer]
-    if not isinstance(streamer, (list, tuple)) or len(streamer) != rows:
-        raise InvalidInputError(f"draft_streamer for a batch of {rows} rows takes a list of {rows} streamers, one per row")
-    return list(streamer)
 
 
 def _sinks(streamer, recorder: ScoreRecorder | None) -> RowSinks:
@@ -222,11 +206,12 @@ def default_drafters(
     tokenizer=None,
     memory: PluginMemory = PROCESS_MEMORY,
     learning: bool = DEFAULTS.draft_learning,
+    names: Sequence[str] | None = None,
 ) -> list[Drafter]:
     """The registry's default menu: prompt lookup, every datastore's drafters when datastores
     (a path or opened store, or a list of them) are given, logits recycling (with ``learning``
     the model's table kept across calls, else a table this call fills) and with ``learning``
-    the model's output history."""
+    the model's output history; or the drafters ``names`` (registry names) over those sources."""
     stores = ()
     if datastore is not None:  # the store's readers need datrie: imported only when a store is given
         from retrieval_draft.drafters.datastore import open_checked_stores
@@ -236,7 +221,7 @@ def default_drafters(
         sources = DraftSources(stores=stores, history=memory.model(model).history, recycled=memory.recycled(model))
     else:
         sources = DraftSources(stores=stores, recycled=RecyclingDrafter(int(model.config.vocab_size)))
-    return make_drafters(default_names(sources), sources)
+    return make_drafters(names or default_names(sources), sources)
 
 
 def open_datastore(path: str | Path, memory: PluginMemory = PROCESS_MEMORY) -> Datastore:

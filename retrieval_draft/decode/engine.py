@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from retrieval_draft.config import DEFAULTS
+from retrieval_draft.config import DEFAULTS, check_setting
 from retrieval_draft.decode.readout import TreeJob, verify_trees
 from retrieval_draft.decode.verify import LogitsProcessor, Verdict
 from retrieval_draft.drafters.base import Drafter
@@ -53,8 +53,7 @@ class DecodeOptions:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise InvalidInputError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if self.max_draft_len < 1:
-            raise InvalidInputError(f"max_draft_len must be at least 1, got {self.max_draft_len}")
+        object.__setattr__(self, "max_draft_len", check_setting("max_draft_len", self.max_draft_len))
 
 
 TokenSink = Callable[[np.ndarray], None]

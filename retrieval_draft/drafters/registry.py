@@ -135,15 +135,21 @@ def default_names(sources: DraftSources) -> tuple[str, ...]:
     return tuple(names)
 
 
-def make_drafters(names, sources: DraftSources) -> list[Drafter]:
-    """Drafters for ``names`` (an iterable of registry names) over ``sources``; a store kind
-    gives one drafter per store, in the order of ``sources.stores``."""
-    names = list(names)
+def known_names(names) -> tuple[str, ...]:
+    """``names`` (an iterable of registry names) as a tuple; ``InvalidInputError`` for none or
+    for a name the registry does not hold."""
+    names = tuple(names)
     unknown = [name for name in names if name not in DRAFTERS]
     if unknown or not names:
-        raise InvalidInputError(f"unknown drafters {unknown or names!r}; choose from {', '.join(DRAFTERS)}")
+        raise InvalidInputError(f"unknown drafters {unknown or list(names)!r}; choose from {', '.join(DRAFTERS)}")
+    return names
+
+
+def make_drafters(names, sources: DraftSources) -> list[Drafter]:
+    """Drafters for ``names`` (an iterable of registry names, ``known_names``) over ``sources``;
+    a store kind gives one drafter per store, in the order of ``sources.stores``."""
     drafters: list[Drafter] = []
-    for name in names:
+    for name in known_names(names):
         made = DRAFTERS[name](sources)
         drafters.extend(made if isinstance(made, list) else [made])
     return drafters
