@@ -7,7 +7,7 @@ only handed to pure dispatch functions.
 
 from __future__ import annotations
 
-import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,7 +20,7 @@ from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
 from retrieval_draft.tree import DraftTree, build_tree
 from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
-from retrieval_draft.planning import cost_probe
+from retrieval_draft.planning import cost_probe, timing
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.planning.timing import CUDA_EVENTS, HOST_CLOCK, SYNCHRONIZED, ForwardTimer, timing_mode
 from retrieval_draft.model.kv_cache import GrowingLayer
@@ -162,13 +162,16 @@ def test_forward_timing_follows_the_device():
     assert timing_mode(torch.device("mps")) == timing_mode(META) == SYNCHRONIZED
 
 
-def test_the_cpu_timer_measures_the_interval_between_start_and_stop():
+def test_the_cpu_timer_measures_the_interval_between_start_and_stop(monkeypatch):
+    """Read against a stand-in clock: the interval is the clock's, whatever the machine's speed."""
+    clock = iter([100.0, 100.25, 107.0])
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     timer = ForwardTimer(torch.device("cpu"))
     timer.start()
-    time.sleep(0.05)
     timer.stop()
-    time.sleep(0.05)  # after stop: not counted
-    assert 0.045 <= timer.seconds() < 0.095
+    assert timer.seconds() == 0.25
+    assert timer.seconds() == 0.25  # reading it again reads no clock: time after stop is not counted
+    assert next(clock) == 107.0
 
 
 class FixedTimer:
