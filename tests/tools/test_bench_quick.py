@@ -3,7 +3,7 @@
 Runs ``python -m tools.bench --quick`` as a subprocess, as a user would, and checks
 its JSON: every workload and system is there (the datastore README call
 marked unavailable without --datastore), every output equals HF greedy's,
-every speed is positive, the fresh-process measurement is off, and the PNG
+every speed follows from the run's own timings, the fresh-process measurement is off, and the PNG
 chart was written. One more test runs the fresh-process measurement itself
 on SmolLM2 for 8 tokens.
 """
@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,11 +83,27 @@ def test_quick_bench_outputs_equal_greedy(quick_result):
         assert all(systems[s]["identical_rate"] == 1.0 for s in QUICK_SYSTEMS)
 
 
-def test_quick_bench_speeds_are_positive(quick_result):
+def test_quick_bench_numbers_follow_from_its_own_timings(quick_result):
+    """Whatever this machine's speed: each run's rate is its new tokens over its decode seconds
+    (the wall less the prefill, at least a tenth of the wall), every system made the same number
+    of tokens for a prompt (the outputs are HF's), HF's speed-up over itself is 1, and each summary
+    speed-up is the geometric mean of the per-prompt ratios of those rates."""
     result, _, _ = quick_result
-    assert all(run["tokens_per_s"] > 0 and run["new_tokens"] > 0 for run in result["runs"])
-    for systems in result["summary"].values():
-        assert all(systems[s]["tokens_per_s"] > 0 and systems[s]["speedup_geomean"] > 0 for s in QUICK_SYSTEMS)
+    tokens, rates = {}, {}
+    for run in result["runs"]:
+        assert run["decode_s"] == pytest.approx(max(run["wall_s"] - run["prefill_s"], run["wall_s"] / 10), abs=2e-5)
+        rounding = 1e-3 + 1e-5 / run["decode_s"]  # both stored rounded (4 and 5 decimals)
+        assert run["tokens_per_s"] == pytest.approx(run["new_tokens"] / run["decode_s"], rel=rounding)
+        tokens.setdefault((run["workload"], run["prompt_id"]), set()).add(run["new_tokens"])
+        rates[(run["workload"], run["prompt_id"], run["system"])] = run["tokens_per_s"]  # one repeat in quick mode
+    assert all(len(counts) == 1 and 1 <= min(counts) <= 8 for counts in tokens.values())
+    for workload in QUICK_WORKLOADS:
+        prompts = {prompt for (w, prompt) in tokens if w == workload}
+        for system in QUICK_SYSTEMS:
+            ratios = [rates[(workload, p, system)] / rates[(workload, p, "hf")] for p in prompts]
+            expected = float(np.exp(np.mean(np.log(ratios))))
+            assert result["summary"][workload][system]["speedup_geomean"] == pytest.approx(expected, rel=1e-3)
+        assert result["summary"][workload]["hf"]["speedup_geomean"] == 1.0
 
 
 def test_quick_bench_writes_chart_and_states_machine(quick_result):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+import tools.diagnostics.layer_skip as layer_skip
 from tools.diagnostics.layer_skip import SkippedLayers, draft_step_seconds, greedy_removal, matches, predictions, reference, tokens_per_step
 
 from tests.conftest import make_tiny_llama, random_prompt
+from tests.stand_in_clocks import stepping_clock
 
 
 def test_the_walk_counts_accepted_drafts_plus_the_bonus_token():
@@ -32,7 +34,7 @@ def test_all_layers_agree_with_the_full_model_and_skipping_restores_them():
     assert list(model.model.layers) == layers
 
 
-def test_the_search_removes_one_distinct_layer_per_round():
+def test_the_search_removes_one_distinct_layer_per_round(monkeypatch):
     model = make_tiny_llama()
     sequences = [reference(model, random_prompt(seed, length=8), 10) for seed in range(2)]
     every = list(range(len(model.model.layers)))
@@ -41,5 +43,6 @@ def test_the_search_removes_one_distinct_layer_per_round():
     assert len(path) == 1 and path[0]["keep"] == [i for i in range(len(model.model.layers)) if i != path[0]["removed"]]
     assert 0.0 <= path[0]["search_agreement"] <= 1.0
     original = [layer.self_attn.layer_idx for layer in model.model.layers]
-    assert draft_step_seconds(model, path[0]["keep"], random_prompt(3, length=8), steps=2) > 0
+    monkeypatch.setattr(layer_skip, "time", stepping_clock(0.25))  # each timed forward: 0.25 s by this clock
+    assert draft_step_seconds(model, path[0]["keep"], random_prompt(3, length=8), steps=3) == 0.25
     assert [layer.self_attn.layer_idx for layer in model.model.layers] == original
