@@ -4,6 +4,7 @@ work as on the command line; the errors are importable from ``retrieval_draft``.
 from __future__ import annotations
 
 import inspect
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 import retrieval_draft
 import retrieval_draft.errors as errors
+from retrieval_draft.config import DraftConfig
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.plugin_keywords import plugin_keywords
 from retrieval_draft_datastore.builder import build
@@ -19,13 +21,14 @@ from tests.datastore_fixtures import word_tokenizer
 
 WORDS = "a b c d e f x y z q".split()
 
-# keyword -> values a user plausibly gives that must be refused (each names the keyword)
-BAD = {
-    "tree_budget": [-1, 2.5, "8", True, None, 10**6],
-    "max_draft_len": [0, 1.0, "4", False, None, 10**9],
-    "adaptive_tree": ["no", "False", 0, 1, None],
-    "draft_learning": ["yes", 1, None, "true"],
-    "draft_seed": ["x", 1.5, True, 2**64, -(2**63) - 1, [1]],
+# DraftConfig's settings: wrong values by the kind of the default (each names the setting)
+BAD_BY_KIND = {
+    int: ["8", 2.5, True, None, -1, 10**30],
+    bool: ["no", "False", "yes", 0, 1, None],
+    type(None): ["x", 1.5, True, 2**64, -(2**63) - 1, [1]],  # draft_seed: None or an integer
+}
+BAD = {field.name: BAD_BY_KIND[type(field.default)] for field in fields(DraftConfig)}
+BAD.update({  # the objects: keyword -> values a user plausibly gives that must be refused
     "drafters": [["bogus"], "prompt,bogus", [PromptLookupDrafter(), "prompt"], 3, [[PromptLookupDrafter()]] * 2],
     "draft_tokenizer": ["gpt2", 3],
     "draft_planner": ["planner", 4],
@@ -33,13 +36,14 @@ BAD = {
     "draft_stats": [{}, "stats"],
     "draft_memory": [{}, "memory"],
     "datastore": [3, [], [3.5]],
-}
+})
 
 
 def test_the_table_covers_every_keyword_of_ours():
-    ours = {name for name in inspect.signature(retrieval_draft.generate).parameters
-            if name.startswith("draft") or name in ("drafters", "datastore", "tree_budget", "max_draft_len",
-                                                     "adaptive_tree")}
+    """Ours: every parameter after ``generate``'s own (the last of which is ``assistant_model``)."""
+    params = list(inspect.signature(retrieval_draft.generate).parameters.values())
+    start = [p.name for p in params].index("assistant_model") + 1
+    ours = {p.name for p in params[start:] if p.kind is not inspect.Parameter.VAR_KEYWORD}
     assert ours == set(BAD)
 
 
