@@ -52,6 +52,43 @@ class VerifyCost:
         return cls(curve, skinny_sizes, steady)
 
 
+# What a forward can plausibly cost, in lone roots (one forward over one new token):
+CPU_SLACK = 1.5  # on a CPU a forward over k new tokens costs at most about k lone roots; this much more is noise
+GPU_FLAT_TOKENS = 8  # on a GPU a tree of up to this many tokens costs about one lone root ...
+GPU_SLACK = 3.0  # ... within this factor (a launch-bound VM measured 2-3 lone roots for 2-7 nodes)
+
+
+def plausible_limit(lone_seconds: float, sizes: np.ndarray, gpu: bool = False) -> np.ndarray:
+    """Most seconds a forward over each of ``sizes`` (shape (m,), new tokens) can plausibly take on a
+    machine whose lone root takes ``lone_seconds``: k lone roots on a CPU, about one lone root per
+    ``GPU_FLAT_TOKENS`` tokens on a GPU, each with its slack; shape (m,) float64."""
+    sizes = np.maximum(np.asarray(sizes, dtype=np.float64), 1.0)
+    if gpu:
+        return GPU_SLACK * lone_seconds * np.maximum(1.0, sizes / GPU_FLAT_TOKENS)
+    return CPU_SLACK * lone_seconds * sizes
+
+
+def implausible_sizes(cost: VerifyCost, gpu: bool = False) -> np.ndarray:
+    """Tree sizes (new tokens) at which ``cost`` claims more than ``plausible_limit`` allows, shape (m,).
+    One spell of other work during a measurement leaves such sizes (a real cache held 11.6 lone
+    roots for 3 tokens), and a planner that believes them never verifies the trees that would
+    correct them."""
+    sizes = np.arange(cost.seconds.shape[0])
+    return np.flatnonzero(cost.seconds > plausible_limit(float(cost.seconds[1]), sizes, gpu))
+
+
+def plausible(cost: VerifyCost, gpu: bool = False) -> bool:
+    """Whether ``cost`` stays within ``plausible_limit`` at every size (then it may be kept on disk)."""
+    return implausible_sizes(cost, gpu).size == 0
+
+
+def clamped(cost: VerifyCost, gpu: bool = False) -> VerifyCost:
+    """``cost`` with every size lowered to its ``plausible_limit`` (still non-decreasing)."""
+    sizes = np.arange(cost.seconds.shape[0])
+    seconds = np.minimum(cost.seconds, plausible_limit(float(cost.seconds[1]), sizes, gpu))
+    return VerifyCost(seconds, cost.skinny_sizes, cost.steady)
+
+
 class ObservedCost:
     """Corrects a cost curve with the forward times decoding actually sees, by rows and cache length.
 
@@ -70,36 +107,52 @@ class ObservedCost:
     observed it, and failing that keeps the measured values, raised to what a smaller
     observed size was seen to cost, until the planner tries it.
 
+    An observation ages: a band not observed for ``expire_forwards`` forwards is no longer
+    ``verified`` (the planner may try it again, ``TreePlanner.width``), and its next observation
+    replaces the old ratio instead of being averaged into it, so a ratio seen during a busy
+    spell is not carried for good.
+
     Args:
         decay: weight of the old ratio in each update.
-        min_count: observations in a band before ``drifted`` may report it.
+        min_count: observations in a band before ``drifted`` may use it.
+        expire_forwards: forwards after which a band's last observation no longer verifies it.
     """
 
     BANDS = np.array([1, 2, 4, 8, 16, 32])
     LENGTH_BANDS = np.array([0, 1024, 2048, 4096, 8192])
     ROW_BANDS = np.array([1, 2, 4, 8, 16])
 
-    def __init__(self, decay: float = 0.8, min_count: int = 8) -> None:
+    def __init__(self, decay: float = 0.8, min_count: int = 8, expire_forwards: int = 1024) -> None:
         self.decay = decay
         self.min_count = min_count
+        self.expire_forwards = expire_forwards
         shape = (self.ROW_BANDS.shape[0], self.LENGTH_BANDS.shape[0], self.BANDS.shape[0])
         self.ratio = np.ones(shape)
         self.count = np.zeros(shape, dtype=np.int64)
+        self.seen_at = np.zeros(shape, dtype=np.int64)  # the forward number of each band's last observation
+        self.forwards = 0
 
     @staticmethod
     def _index(edges: np.ndarray, value: int) -> int:
         return max(int(np.searchsorted(edges, value, side="right") - 1), 0)
+
+    def size_bands(self, sizes: np.ndarray) -> np.ndarray:
+        """The size band (index into ``BANDS``) of each forward size in ``sizes`` (new tokens)."""
+        return np.clip(np.searchsorted(self.BANDS, sizes, side="right") - 1, 0, None)
 
     def observe(self, cost: VerifyCost, size: int, seconds: float, cache_len: int = 0, rows: int = 1) -> None:
         """One forward over ``rows`` rows, ``size`` new tokens in all, after ``cache_len`` cached
         ones took ``seconds`` (``cost``: the curve covering that size)."""
         if size < 1 or size > cost.max_nodes or seconds <= 0:
             return
+        self.forwards += 1
         cell = (self._index(self.ROW_BANDS, rows), self._index(self.LENGTH_BANDS, cache_len), self._index(self.BANDS, size))
         ratio = seconds / float(cost.seconds[size])
-        d = self.decay if self.count[cell] else 0.0
+        fresh = self.count[cell] and self.forwards - self.seen_at[cell] <= self.expire_forwards
+        d = self.decay if fresh else 0.0
         self.ratio[cell] = d * self.ratio[cell] + (1 - d) * ratio
-        self.count[cell] += 1
+        self.count[cell] = self.count[cell] + 1 if fresh else 1
+        self.seen_at[cell] = self.forwards
 
     def apply(self, cost: VerifyCost, cache_len: int = 0, rows: int = 1) -> VerifyCost:
         """``cost`` with every observed band scaled by its ratio for ``rows`` rows at ``cache_len`` cached tokens."""
@@ -107,7 +160,7 @@ class ObservedCost:
         if not seen.any():
             return cost
         sizes = np.arange(cost.seconds.shape[0])
-        bands = np.clip(np.searchsorted(self.BANDS, sizes, side="right") - 1, 0, None)
+        bands = self.size_bands(sizes)
         seen_size = seen[bands]
         corrected = cost.seconds * ratio[bands]
         # An unobserved size costs at least what a smaller observed one was seen to cost (after
@@ -128,16 +181,32 @@ class ObservedCost:
             ratio[observed], seen[observed] = self.ratio[rows, band][observed], True
         return ratio, seen
 
+    def verified(self, cache_len: int = 0, rows: int = 1) -> np.ndarray:
+        """(len(BANDS),) bool: size bands whose cost ``apply`` takes from an observation of the last
+        ``expire_forwards`` forwards (for ``rows`` rows, at ``cache_len`` or a shorter length band)."""
+        row = self._index(self.ROW_BANDS, rows)
+        length = self._index(self.LENGTH_BANDS, cache_len)
+        recent = (self.count[row, : length + 1] > 0) & (self.forwards - self.seen_at[row, : length + 1] <= self.expire_forwards)
+        return recent.any(axis=0)
+
     def drifted(self, low: float = 0.7, high: float = 1.4) -> bool:
         """Whether some well-observed band of one row at the measured cache length (below 1k tokens) is off
         the measured curve by more than the given factors."""
         seen = self.count[0, 0] >= self.min_count
         return bool(np.any(seen & ((self.ratio[0, 0] < low) | (self.ratio[0, 0] > high))))
 
-    def faster(self, low: float = 0.7) -> bool:
-        """Whether the machine proved faster than the curve: some well-observed band ran below
-        ``low`` times its measured cost and none ran slower than measured. Only such a
-        correction is worth keeping on disk: forwards cannot run faster than the idle machine
-        allows, while slower ones may only mean that other work shared the cores for a while."""
-        seen = self.count[0, 0] >= self.min_count
-        return bool(np.any(seen & (self.ratio[0, 0] < low)) and not np.any(seen & (self.ratio[0, 0] > 1.0)))
+    def proven_cheaper(self, cost: VerifyCost, low: float = 0.7, min_count: int = 2) -> VerifyCost | None:
+        """``cost`` lowered where the machine proved it too dear, or None where it did not: the
+        well-observed one-row, short-cache bands that ran below ``low`` times their measured cost
+        take their observed ratio (kept non-decreasing). Only such a correction is worth keeping on
+        disk: forwards cannot run faster than the idle machine allows, while slower ones may only
+        mean that other work shared the cores for a while, so no band is raised, and ``min_count``
+        forwards in a band suffice."""
+        seen = self.count[0, 0] >= min_count
+        cheaper = seen & (self.ratio[0, 0] < low)
+        if not cheaper.any():
+            return None
+        factor = np.where(cheaper, self.ratio[0, 0], 1.0)[self.size_bands(np.arange(cost.seconds.shape[0]))]
+        seconds = np.minimum.accumulate((cost.seconds * factor)[::-1])[::-1]
+        seconds[0] = seconds[1]
+        return VerifyCost(seconds, cost.skinny_sizes, cost.steady)

@@ -6,6 +6,11 @@ left out), dtype, device, torch threads, CPU model and library versions.
 It lives in the user's cache directory (``cache_dir.cache_root``), under
 ``cost-curves/<key>.json``. Writes are atomic; a corrupt, truncated
 or foreign file is ignored (and replaced by the next measurement's).
+
+A stored curve says when it was written and how (``origin``: measured, or lowered where decoding
+proved it too dear), and ages: one older than ``MAX_AGE_S``, one from the future, or one outside
+``cost.plausible`` is not used, and the next single-row call measures the curve again from its
+own forwards (a few steps, which accept tokens too). ``retrieval-draft cache`` shows and resets it.
 """
 
 from __future__ import annotations
@@ -13,17 +18,20 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from retrieval_draft.cache_dir import cache_file, write_cache_json
-from retrieval_draft.planning.cost import VerifyCost
+from retrieval_draft.planning.cost import VerifyCost, plausible
 
 # Bump when the measurement or the decode path changes what a curve means.
-COST_FILE_FORMAT = 4  # 2: spiked probes are timed again (``cost.spiked``); 3: the skinny kernel competes from 1 row;
-# 4: and up to 64 rows
+COST_FILE_FORMAT = 5  # 2: spiked probes are timed again (``cost.spiked``); 3: the skinny kernel competes from 1 row;
+# 4: and up to 64 rows; 5: sizes timed beside a lone root, with the time and origin of the measurement
+MAX_AGE_S = 7 * 24 * 3600.0  # a curve older than a week is measured again (a machine's load, clocks and libraries move)
+MEASURED, CORRECTED = "measured", "corrected"  # how a stored curve was made
 
 
 def _cpu_model() -> str:
@@ -65,31 +73,46 @@ def cost_path(key: dict) -> Path:
     return cache_file("cost-curves", json.dumps(key, sort_keys=True))
 
 
-def read_cost(path: Path, key: dict) -> VerifyCost | None:
-    """The curve stored at ``path`` for ``key``, or None if absent, damaged or for another key."""
+def read_cost(path: Path, key: dict, now: float | None = None) -> VerifyCost | None:
+    """The curve stored at ``path`` for ``key``, or None if absent, damaged, for another key,
+    stale (older than ``MAX_AGE_S`` or dated in the future) or implausible (``cost.plausible``)."""
+    body = read_record(path)
+    if body is None or body.get("key") != key:
+        return None
+    now = time.time() if now is None else now
+    if not 0.0 <= now - body["measured_at"] <= MAX_AGE_S:
+        return None
+    cost = VerifyCost(body["seconds"], body["skinny_sizes"])
+    return cost if plausible(cost, gpu=not str(key.get("device", "cpu")).startswith("cpu")) else None
+
+
+def read_record(path: Path) -> dict | None:
+    """The stored record at ``path`` with ``seconds`` as an array and ``skinny_sizes`` as a frozenset
+    (or None), or None if absent or damaged; its age and plausibility are not judged here."""
     try:
         body = json.loads(path.read_bytes())
-        if body.get("key") != key:
-            return None
         seconds = np.asarray(body["seconds"], dtype=np.float64)
         skinny = body.get("skinny_sizes")
+        measured_at = float(body["measured_at"])
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
     if seconds.ndim != 1 or seconds.size < 2 or not np.all(np.isfinite(seconds)) or np.any(seconds <= 0):
         return None
-    if np.any(np.diff(seconds) < 0):
+    if np.any(np.diff(seconds) < 0) or not np.isfinite(measured_at):
         return None
     if skinny is not None and not (isinstance(skinny, list) and all(isinstance(s, int) for s in skinny)):
         return None
-    return VerifyCost(seconds, None if skinny is None else frozenset(skinny))
+    return {**body, "seconds": seconds, "skinny_sizes": None if skinny is None else frozenset(skinny), "measured_at": measured_at}
 
 
-def write_cost(path: Path, key: dict, cost: VerifyCost) -> None:
-    """Store ``cost`` for ``key`` atomically; an unwritable cache directory is skipped silently."""
+def write_cost(path: Path, key: dict, cost: VerifyCost, origin: str = MEASURED) -> None:
+    """Store ``cost`` for ``key`` atomically, dated now; an unwritable cache directory is skipped silently."""
     body = {
         "key": key,
         "seconds": cost.seconds.tolist(),
         "skinny_sizes": None if cost.skinny_sizes is None else sorted(cost.skinny_sizes),
+        "measured_at": time.time(),
+        "origin": origin,
     }
     write_cache_json(path, body)
 
@@ -100,7 +123,7 @@ def load_cost(model: torch.nn.Module) -> VerifyCost | None:
     return read_cost(cost_path(key), key)
 
 
-def store_cost(model: torch.nn.Module, cost: VerifyCost) -> None:
-    """Keep ``cost`` (e.g. corrected by observed forward times) as ``model``'s curve on disk."""
+def store_cost(model: torch.nn.Module, cost: VerifyCost, origin: str = MEASURED) -> None:
+    """Keep ``cost`` (measured, or ``CORRECTED`` by observed forward times) as ``model``'s curve on disk."""
     key = cost_key(model)
-    write_cost(cost_path(key), key, cost)
+    write_cost(cost_path(key), key, cost, origin)

@@ -10,6 +10,13 @@ a closing forward of the first size says whether the machine stayed steady. The 
 forward (loading it, starting its threads) and, on a GPU, the first forward of each size are run
 untimed.
 
+Every size above one token is timed beside a lone root: a ``REF`` forward of one token runs just
+before that size's forwards, and the size is kept as its ratio to that lone root. The curve is
+those ratios times the fastest lone root the measurement ran, so a spell of other work
+that slows a size and its lone root alike leaves the curve's shape as it was (a spell that
+slowed only the 3-16-token probes once left a curve pricing 3 tokens at 11.6 lone roots, and a
+planner that believed it never verified a tree again).
+
 Two drivers feed it:
 
 - decoding itself: the first single-row call of a process with no stored curve verifies real
@@ -39,7 +46,7 @@ PROBE_CACHE_LEN = 64  # ``measure_cost``'s prompt, in tokens
 SPIKE_FACTOR = 1.3  # a probe this much slower than the next larger one is timed again
 SPIKE_RETRIES = 2  # times one size is timed again at most
 
-SETUP, TIME, AGAIN, SETTLE = "setup", "time", "again", "settle"
+SETUP, TIME, AGAIN, SETTLE, REF = "setup", "time", "again", "settle", "ref"
 
 
 @dataclass(frozen=True)
@@ -50,12 +57,15 @@ class Probe:
         tokens: new tokens in the forward (one row's tree size).
         kernel: through the skinny matmul (else the plain path).
         role: ``SETUP`` (run, not recorded), ``TIME`` (a first timing), ``AGAIN`` (a spike
-            timed again) or ``SETTLE`` (the closing forward).
+            timed again), ``REF`` (a lone root timed just before the forwards of size ``serves``)
+            or ``SETTLE`` (the closing forward).
+        serves: for ``REF``, the size whose forwards it is the lone root beside; else 0.
     """
 
     tokens: int
     kernel: bool
     role: str
+    serves: int = 0
 
     @property
     def matmul_sizes(self) -> frozenset:
@@ -67,7 +77,7 @@ class CostProbe:
     """The forwards one cost measurement still wants, and the curve from those it has timed.
 
     Args:
-        sizes: tree sizes to probe, in tokens.
+        sizes: tree sizes to probe, in tokens (the first is the lone root, normally 1).
         kernel_possible: the model can take the skinny matmul (float32 on CPU).
         setup_each_size: run each size once untimed first (a GPU's first forward of a shape).
     """
@@ -76,19 +86,37 @@ class CostProbe:
         self.sizes = tuple(sorted(set(int(s) for s in sizes)))
         self.kernel_possible = kernel_possible
         self.setup_each_size = setup_each_size
-        self.kernel: dict[int, float] = {}  # size -> seconds through the skinny matmul
-        self.plain: dict[int, float] = {}  # size -> seconds through the plain path
+        # first size: seconds; larger sizes: seconds over the lone root timed just before them
+        self.kernel: dict[int, float] = {}  # through the skinny matmul
+        self.plain: dict[int, float] = {}  # through the plain path
+        self.lone_roots: list[float] = []  # seconds of every REF forward
         self.settled: float | None = None
         self._set_up: set = set()
         self._again: dict[int, int] = {}
+        self._ref: tuple[int, float] | None = None  # (size served, seconds) of the last REF, until used up
 
     def _competes(self, size: int) -> bool:
         return self.kernel_possible and size in SKINNY_ROWS
 
+    def _value(self, size: int, measured: float) -> float:
+        """A recorded time of ``size`` in seconds (a ratio times the median lone root above the first size)."""
+        return measured if size == self.sizes[0] else measured * self.lone_root()
+
+    def lone_root(self) -> float:
+        """The fewest seconds of any lone root timed so far (the first size's faster path and the REFs):
+        a forward cannot run faster than the idle machine allows, so the least is the idle one."""
+        first = self.sizes[0]
+        timed = [*self.lone_roots]
+        if self._timed(first):
+            timed.append(self.kernel[first] if self.kernel_wins(first) else self.plain[first])
+        return float(min(timed)) if timed else 0.0
+
     def _plain_lost(self, size: int) -> bool:
         """Whether the kernel's time at ``size`` is at or below every plain time at smaller sizes."""
-        floor = max((seconds for s, seconds in self.plain.items() if s < size), default=0.0)
-        return self._competes(size) and size in self.kernel and self.kernel[size] <= floor
+        if not (self._competes(size) and size in self.kernel):
+            return False
+        floor = max((self._value(s, t) for s, t in self.plain.items() if s < size), default=0.0)
+        return self._value(size, self.kernel[size]) <= floor
 
     def _timed(self, size: int) -> bool:
         """Whether ``size`` has every first timing it needs."""
@@ -107,10 +135,23 @@ class CostProbe:
             if not self._timed(size):
                 break
             done.append(size)
-        return done, [self.kernel[s] if self.kernel_wins(s) else self.plain[s] for s in done]
+        values = [self._value(s, self.kernel[s] if self.kernel_wins(s) else self.plain[s]) for s in done]
+        if done:
+            values[0] = self.lone_root()
+        return done, values
 
     def pending(self) -> Probe | None:
         """The next forward to run, or None when the measurement is complete."""
+        wanted = self._next()
+        if wanted is None or wanted.role not in (TIME, AGAIN) or wanted.tokens == self.sizes[0]:
+            return wanted
+        if self._ref is None or self._ref[0] != wanted.tokens:
+            first = self.sizes[0]
+            return Probe(first, self.kernel_wins(first), REF, serves=wanted.tokens)
+        return wanted
+
+    def _next(self) -> Probe | None:
+        """The next forward other than a lone root beside it."""
         if self.kernel_possible and not self.setup_each_size and "kernel" not in self._set_up:
             return Probe(self.sizes[0], True, SETUP)
         for size in self.sizes:
@@ -140,10 +181,18 @@ class CostProbe:
         if probe.role == SETTLE:
             self.settled = seconds
             return
+        if probe.role == REF:
+            self.lone_roots.append(seconds)
+            self._ref = (probe.serves, seconds)
+            return
+        if probe.tokens != self.sizes[0]:  # kept as a ratio to the lone root beside it
+            beside = self._ref[1] if self._ref is not None and self._ref[0] == probe.tokens else self.lone_root()
+            seconds = seconds / beside
         times = self.kernel if probe.kernel else self.plain
         if probe.role == AGAIN:
             self._again[probe.tokens] = self._again.get(probe.tokens, 0) + 1
             seconds = min(seconds, times.get(probe.tokens, seconds))
+            self._ref = None  # each timing again gets a lone root of its own
         times[probe.tokens] = seconds
 
     def curve(self) -> VerifyCost | None:
@@ -153,7 +202,9 @@ class CostProbe:
         done, times = self._times()
         if not done:
             return None
-        steady = self.settled is None or abs(self.settled - times[0]) <= 0.3 * times[0]
+        first = self.sizes[0]
+        measured = self.kernel[first] if self.kernel_wins(first) else self.plain[first]
+        steady = self.settled is None or abs(self.settled - measured) <= 0.3 * measured
         wins = {s: self.kernel_wins(s) for s in done if self._competes(s)}
         chosen = kernel_sizes(wins) if self.kernel_possible else None
         return VerifyCost.from_points(done, times, max_nodes=done[-1], skinny_sizes=chosen, steady=steady)

@@ -166,7 +166,7 @@ class TreePlanner:
 
     def width(self, ranked: list[np.ndarray], cache_len: int = 0) -> int:
         """Draft nodes per row (W - 1) that maximise expected tokens per second after
-        ``cache_len`` cached tokens.
+        ``cache_len`` cached tokens, or a wider tree that tests the curve (``explored_width``).
 
         ``ranked[i]``: row i's candidate probabilities, decreasing (shape (m_i,), at most
         ``tree_budget``). Without a cost curve every row takes all it has.
@@ -180,9 +180,12 @@ class TreePlanner:
             summed = np.concatenate([[0.0], np.cumsum(probs)])
             gains += summed[np.minimum(np.arange(most + 1), probs.shape[0])]
         cost = self.observed.apply(self._curve(rows), cache_len, rows)
-        tokens = rows * np.arange(1, most + 2)
-        seconds = cost.seconds[np.minimum(tokens, cost.max_nodes)] + self.overhead_s
-        return int(np.argmax(gains / seconds))
+        tokens = np.minimum(rows * np.arange(1, most + 2), cost.max_nodes)
+        seconds = cost.seconds[tokens] + self.overhead_s
+        best = int(np.argmax(gains / seconds))
+        if self.probe is not None:  # the curve is still being measured: nothing to test yet
+            return best
+        return explored_width(gains, seconds, tokens, self.observed.verified(cache_len, rows), self.observed, best)
 
     def observe_forward(self, rows: int, tokens: int, seconds: float, cache_len: int = 0) -> None:
         """A forward over ``rows`` rows' trees, ``tokens`` new tokens in all (rows x width), after
@@ -312,6 +315,42 @@ def extended_cost(cost: VerifyCost, max_tokens: int) -> VerifyCost:
     slope = max((known[top] - known[top - half]) / half, 0.0)
     extra = known[top] + slope * np.arange(1, max_tokens - top + 1)
     return VerifyCost(np.concatenate([known, extra]), cost.skinny_sizes, cost.steady)
+
+
+EXPLORE_GAIN = 1.25  # a tree is tried when, priced like the cheapest verified forward, it would pay this much more
+
+
+def explored_width(
+    gains: np.ndarray, seconds: np.ndarray, tokens: np.ndarray, verified: np.ndarray, observed: ObservedCost, best: int
+) -> int:
+    """``best``, or a tree whose size band no recent forward has verified, when that tree would pay
+    ``EXPLORE_GAIN`` times more than ``best`` if it cost what the cheapest verified forward costs
+    (a forward over more tokens never costs less; on a GPU a small tree costs about that).
+
+    A curve that prices trees too dear (measured in a busy spell, or kept from another day) would
+    otherwise never be corrected: the planner would never run the sizes it believes dear, so
+    decoding would never time them. Priced optimistically, an unverified size band is tried once;
+    its forward's time then corrects the curve there (``ObservedCost``); a band is verified again
+    after ``ObservedCost.expire_forwards`` forwards. On a right curve this costs one step's
+    difference per band and expiry.
+
+    Args:
+        gains: (W,) expected tokens of a step for 0..W-1 draft nodes per row.
+        seconds: (W,) the corrected curve's price of each, drafting overhead included.
+        tokens: (W,) new tokens in each forward (rows x width).
+        verified: (len(ObservedCost.BANDS),) size bands observed recently at these rows and cache length.
+        observed: the corrections (for the size bands).
+        best: the width that ``seconds`` says pays best.
+    """
+    checked = verified[observed.size_bands(tokens)]
+    if checked.all() or not checked.any():  # nothing to test, or nothing seen yet to price it by
+        return best
+    hopeful = np.where(checked, seconds, np.minimum(seconds, seconds[checked].min()))
+    rates = gains / hopeful
+    tried = int(np.argmax(np.where(checked, -np.inf, rates)))
+    if rates[tried] > EXPLORE_GAIN * gains[best] / seconds[best]:
+        return tried
+    return best
 
 
 def cap_siblings(tree: DraftTree) -> DraftTree:

@@ -9,6 +9,12 @@ few dozen steps. The file sits in the user cache directory
 the model config (its name or path included: a fine-tune accepts differently);
 written atomically at most every ``SAVE_INTERVAL_S`` seconds; a damaged or
 foreign file is ignored.
+
+Stored rates are a head start, not a verdict: read back, each cell's counts are scaled down to at
+most ``STORED_TRIALS`` trials (its rate kept), so a new process's own steps outweigh them within
+a few dozen steps. Rates learned in one workload, or planted wrong (a file saying no draft is ever
+accepted), cannot hold a later process's trees small for long: drafts are graded even when the
+planner prunes them, so the process keeps learning while it plans lone roots.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from retrieval_draft.planning.calibration import AcceptanceCalibrator
 
 RATES_FILE_FORMAT = 1
 SAVE_INTERVAL_S = 30.0
+STORED_TRIALS = 16.0  # most trials a stored cell counts for when read back (four times the calibrator's prior weight)
 
 Rates = dict[bool, dict[str, AcceptanceCalibrator]]
 
@@ -44,7 +51,8 @@ def _calibrator(body: dict) -> AcceptanceCalibrator:
         raise ValueError("calibrator shape differs")
     if not (np.all(np.isfinite(trials)) and np.all(hits >= 0) and np.all(hits <= trials + 1e-9)):
         raise ValueError("counts out of range")
-    calibrator.hits, calibrator.trials = hits, trials
+    scale = np.minimum(1.0, STORED_TRIALS / np.maximum(trials, 1e-12))  # each cell's rate kept, its weight capped
+    calibrator.hits, calibrator.trials = hits * scale, trials * scale
     return calibrator
 
 

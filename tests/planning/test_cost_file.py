@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import retrieval_draft.planning.cost_file as cost_file
 import retrieval_draft.planning.cost_probe as cost_probe
 from retrieval_draft.cache_dir import CACHE_ENV, cache_root
 from retrieval_draft.memory import PluginMemory
-from retrieval_draft.planning.cost import VerifyCost
+from retrieval_draft.planning.cost import VerifyCost, implausible_sizes, plausible
 from tests.conftest import make_tiny_llama
 
 CURVE = VerifyCost.from_points([1, 8, 64], [0.01, 0.02, 0.05], skinny_sizes=frozenset({4, 8}))
@@ -54,9 +55,51 @@ def test_a_curve_with_negative_or_decreasing_times_is_ignored(cache):
     key = cost_file.cost_key(model)
     path = cost_file.cost_path(key)
     path.parent.mkdir(parents=True)
+    now = time.time()
+    path.write_text(json.dumps({"key": key, "seconds": [0.01, 0.01, 0.015], "skinny_sizes": None, "measured_at": now}))
+    assert cost_file.read_cost(path, key) is not None  # the same record with sane times is read
     for seconds in ([0.02, 0.01], [-1.0, 0.5], [0.01]):
-        path.write_text(json.dumps({"key": key, "seconds": seconds, "skinny_sizes": None}))
+        path.write_text(json.dumps({"key": key, "seconds": seconds, "skinny_sizes": None, "measured_at": now}))
         assert cost_file.read_cost(path, key) is None
+
+
+def test_a_stored_curve_ages_and_one_from_the_future_is_not_used(cache):
+    model = make_tiny_llama(seed=37)
+    key = cost_file.cost_key(model)
+    path = cost_file.cost_path(key)
+    cost_file.write_cost(path, key, CURVE)
+    written = json.loads(path.read_text())
+    assert written["origin"] == cost_file.MEASURED and abs(written["measured_at"] - time.time()) < 60
+    assert cost_file.read_cost(path, key) is not None
+    assert cost_file.read_cost(path, key, now=written["measured_at"] + cost_file.MAX_AGE_S + 1) is None
+    assert cost_file.read_cost(path, key, now=written["measured_at"] - 3600) is None  # a clock that went back
+    del written["measured_at"]  # a record of an older format: when it was measured is unknown
+    path.write_text(json.dumps(written))
+    assert cost_file.read_cost(path, key) is None
+
+
+def test_an_implausible_stored_curve_is_measured_again_not_used(cache):
+    """A real user cache held 0.078 s for one and two new tokens and 0.905 s for 3 to 16 (11.6
+    lone roots; a 4-token forward took 0.079 s): every later process planned lone roots."""
+    model = make_tiny_llama(seed=38)
+    key = cost_file.cost_key(model)
+    path = cost_file.cost_path(key)
+    spoiled = VerifyCost.from_points([1, 2, 3, 16, 32], [0.078, 0.078, 0.905, 0.905, 4.17])
+    assert list(implausible_sizes(spoiled)[:3]) == [3, 4, 5] and not plausible(spoiled)
+    cost_file.write_cost(path, key, spoiled)
+    assert cost_file.read_cost(path, key) is None
+    memory = PluginMemory()
+    assert np.allclose(memory.cost(model).seconds, CURVE.seconds)  # measured afresh
+    assert len(cache) == 1 and cost_file.read_cost(path, key) is not None  # and kept in its place
+
+
+def test_an_implausible_measurement_is_used_within_the_plausible_limit_and_not_kept(cache, monkeypatch):
+    model = make_tiny_llama(seed=39)
+    busy = VerifyCost.from_points([1, 4, 64], [0.01, 0.2, 0.3])  # 4 tokens at 20 lone roots
+    monkeypatch.setattr(cost_probe, "measure_cost", lambda model, probe=None: busy)
+    used = PluginMemory().cost(model)
+    assert plausible(used) and used.seconds[4] == pytest.approx(1.5 * 4 * 0.01)
+    assert not cost_file.cost_path(cost_file.cost_key(model)).exists()
 
 
 def test_another_model_shape_gets_its_own_curve(cache):

@@ -12,7 +12,7 @@ from retrieval_draft.cache_dir import CACHE_ENV
 from retrieval_draft.draft import Draft
 from retrieval_draft.memory import PluginMemory
 from retrieval_draft.planning.cost_file import load_cost
-from retrieval_draft.planning.cost_probe import AGAIN, SETTLE, SETUP, TIME, CostProbe, Probe
+from retrieval_draft.planning.cost_probe import AGAIN, REF, SETTLE, SETUP, TIME, CostProbe, Probe
 from retrieval_draft.planning.planner import TreePlanner
 from tests.conftest import make_tiny_llama, random_prompt
 
@@ -71,9 +71,31 @@ def test_a_partial_curve_covers_the_sizes_timed_so_far():
     probe = CostProbe(sizes=(1, 2, 4, 8), kernel_possible=False)
     assert probe.curve() is None
     probe.record(probe.pending(), 0.05)
+    assert probe.pending() == Probe(1, False, REF, serves=2)  # the lone root beside size 2
+    probe.record(probe.pending(), 0.05)
     probe.record(probe.pending(), 0.06)
+    assert probe.pending() == Probe(1, False, REF, serves=4)
+    probe.record(probe.pending(), 0.05)
     assert probe.pending() == Probe(4, False, TIME) and not probe.complete
     assert probe.curve().max_nodes == 2 and probe.curve().seconds[2] == pytest.approx(0.06)
+
+
+def test_a_spell_that_slows_a_size_and_its_lone_root_alike_leaves_the_shape():
+    """Each size is kept as its ratio to the lone root timed just before it: a busy spell over
+    the 4- and 8-token probes (both ten times slower, their lone roots too) changes nothing."""
+    probe = CostProbe(sizes=(1, 2, 4, 8), kernel_possible=False)
+    idle = {1: 0.05, 2: 0.06, 4: 0.07, 8: 0.09}
+    spell = {4, 8}  # the sizes whose forwards (and the lone roots beside them) ran in the spell
+
+    def seconds(p):
+        slow = 10.0 if (p.role == REF and p.serves in spell) or (p.role != REF and p.tokens in spell) else 1.0
+        return slow * idle[p.tokens]
+
+    asked = run_schedule(probe, seconds)
+    assert [p.serves for p in asked if p.role == REF] == [2, 4, 8]
+    curve = probe.curve()
+    assert curve.seconds[4] == pytest.approx(0.07) and curve.seconds[8] == pytest.approx(0.09)
+    assert curve.seconds[1] == pytest.approx(0.05)  # the fastest lone root: the idle machine's
 
 
 def candidates(n: int) -> list:
@@ -105,7 +127,8 @@ def test_a_planner_verifies_the_probed_sizes_and_routes_each_through_the_probed_
 
 def test_a_step_whose_candidates_cannot_fill_the_probe_is_planned_and_not_recorded():
     probe = CostProbe(sizes=(1, 8), kernel_possible=False)
-    probe.record(probe.pending(), 0.05)  # size 1 timed: 8 is next
+    probe.record(probe.pending(), 0.05)  # size 1 timed
+    probe.record(probe.pending(), 0.05)  # and the lone root beside 8: 8 is next
     planner = TreePlanner(tree_budget=8, probe=probe)
     tree = planner.plan([1], candidates(3))[0]
     assert tree.size <= 4 and planner.matmul_sizes() is None
