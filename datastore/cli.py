@@ -2,6 +2,7 @@
 
     retrieval-draft generate --prompt "..." [--chat] [--max-new-tokens N] [--compare]
     retrieval-draft build / repo / inspect / merge / stats   (datastores; see ``commands``)
+    retrieval-draft cache [--model M] [--reset]             (the cost curves and rates kept; ``cache_command``)
 
 It lives with the builder because it joins both packages, and imports run one
 way: from here into the runtime. Errors we raise on purpose print as one line
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from retrieval_draft.cache_command import add_cache
 from retrieval_draft.cli import add_generate, run
 from retrieval_draft_datastore.commands import register
 
@@ -23,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_generate(sub)
     register(sub)  # build, repo, inspect, merge, stats
+    add_cache(sub)
     return parser
 
 
