@@ -17,6 +17,7 @@ from retrieval_draft.errors import InvalidInputError
 MAX_TREE_BUDGET = 4096  # draft nodes per tree; a tree's mask holds (nodes + 1) x (context + nodes + 1) entries
 MAX_DRAFT_LEN = 4096  # tokens per draft path
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+MAX_PREFIX_CACHE_BYTES = 2**50  # a bound for nonsense only (1 PiB); memory runs out long before
 
 
 def _integer(name: str, value, low: int, high: int, shown: str = "") -> int:
@@ -49,6 +50,8 @@ _CHECKS = {
     "adaptive_tree": _flag,
     "draft_learning": _flag,
     "draft_seed": _seed,
+    "prefix_cache_bytes": lambda name, value: _integer(name, value, 0, MAX_PREFIX_CACHE_BYTES,
+                                                       shown="an integer number of bytes >= 0 (0 turns reuse off)"),
 }
 
 
@@ -70,6 +73,9 @@ class DraftConfig:
         draft_learning: start from what earlier calls with the model learned
             (acceptance rates, cost corrections) and draft from their outputs.
         draft_seed: seed of sampling (None: drawn from torch's global generator).
+        prefix_cache_bytes: most bytes of KV rows kept per model for later calls to start from
+            (``model.prefix_cache``; 512 MiB, ~11.6k tokens of SmolLM2-135M in float32); 0 turns
+            reuse off (and empties the model's cache).
     """
 
     tree_budget: int = 32
@@ -77,6 +83,7 @@ class DraftConfig:
     adaptive_tree: bool = True
     draft_learning: bool = True
     draft_seed: int | None = None
+    prefix_cache_bytes: int = 512 * 2**20
 
     def __post_init__(self) -> None:
         for field in fields(self):

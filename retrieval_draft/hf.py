@@ -29,6 +29,7 @@ from retrieval_draft.hf_options import ScoreRecorder, build_output, check_option
 from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.plugin_keywords import plugin_keywords
+from retrieval_draft.reuse import finish_reuse, start_reuse
 from retrieval_draft.model.generate_kwargs import eos_token_ids, pad_token_id, receives_generate_kwargs
 from retrieval_draft.model.row_processors import row_processors
 from retrieval_draft.model.attention_layout import CHAIN
@@ -61,6 +62,7 @@ def generate(
     draft_stats: DecodeStats | None = None,
     draft_seed: int | None = None,
     draft_memory: PluginMemory | None = None,
+    prefix_cache_bytes: int = DEFAULTS.prefix_cache_bytes,
     **model_kwargs,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput:
     """A ``custom_generate`` callable for ``model.generate``.
@@ -101,6 +103,10 @@ def generate(
             one streamer per row.
         draft_stats: a ``DecodeStats`` to fill in with this call's statistics.
         draft_seed: seed for sampling; the same seed gives the same output.
+        prefix_cache_bytes: most bytes of KV rows kept per model, so that a later call whose
+            prompt begins with an earlier call's prompt and output prefills only the rest
+            (``retrieval_draft.reuse``); 0 turns that off. A cache the caller prefilled and passed
+            as ``past_key_values`` (HF's idiom) is started from too.
 
     A batch (several rows, or a padded attention mask; left padding) takes the same
     options: every row drafts and accepts on its own, all rows' trees share each
@@ -119,7 +125,7 @@ def generate(
         rows, drafters=drafters, datastore=datastore, draft_tokenizer=draft_tokenizer, tokenizer=tokenizer,
         draft_planner=draft_planner, draft_streamer=draft_streamer, draft_stats=draft_stats, draft_memory=draft_memory,
         tree_budget=tree_budget, max_draft_len=max_draft_len, adaptive_tree=adaptive_tree,
-        draft_learning=draft_learning, draft_seed=draft_seed,
+        draft_learning=draft_learning, draft_seed=draft_seed, prefix_cache_bytes=prefix_cache_bytes,
     )
     config = ours.config
     attention_mask = model_kwargs.get("attention_mask")
@@ -142,6 +148,8 @@ def generate(
     # function and linear layers for its duration, which another thread must not see.
     with memory.model(model).lock:
         tree_model = TreeModel(model)
+        tree_model.reuse = start_reuse(model, tree_model, memory, config.prefix_cache_bytes, input_ids, attention_mask,
+                                       model_kwargs, reserve=options.max_new_tokens + config.tree_budget + 1)
         if ours.planner is None:  # one row verified as trees can measure the cost curve while it decodes
             can_probe = rows == 1 and tree_model.layout.mode != CHAIN
             planner = make_planner(model, config, options.do_sample, memory, can_probe)
@@ -157,6 +165,7 @@ def generate(
             should_stop=_extra_stop_check(stopping_criteria),
             sinks=[_sinks(streamer, recorder) for streamer, recorder in zip(streamers, recorders)],
         )
+        finish_reuse(tree_model.reuse, tree_model, input_ids, attention_mask, outputs, stats)
         for streamer in streamers:
             if streamer is not None:
                 streamer.end()

@@ -21,6 +21,7 @@ import torch
 
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
+from retrieval_draft.model.prefix_cache import PrefixCache
 from retrieval_draft.planning.calibration import AcceptanceCalibrator, RankCorrection
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
 from retrieval_draft.planning.cost_probe import CostProbe
@@ -41,6 +42,8 @@ class ModelMemory:
         history: earlier prompts and outputs (bounded, 4 MB at most by default).
         recycled: the model's recorded top-k successors per token (``PluginMemory.recycled``),
             None until first needed.
+        prefixes: KV rows of recent calls' sequences, by token prefix (``model.prefix_cache``),
+            this process only; a call starts from the longest one its prompt begins with.
         lock: held by the plugin for a whole generation, so calls with one model
             from several threads run one after another (a tree forward switches
             the model's attention function and linear layers while it runs).
@@ -53,6 +56,7 @@ class ModelMemory:
     ranks: dict[bool, RankCorrection] = field(default_factory=lambda: {False: RankCorrection(), True: RankCorrection()})
     history: HistoryDrafter = field(default_factory=HistoryDrafter)
     recycled: RecyclingDrafter | None = None
+    prefixes: PrefixCache = field(default_factory=PrefixCache, repr=False)
     rates_saved_at: float = 0.0  # time.monotonic() of the last save to disk
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -14,7 +14,12 @@ class DecodeStats:
     (merging, sizing and pruning the trees), ``pack_s`` (tokens, positions and masks to the
     device), ``forward_s`` (the model call: on CPU the forward itself, on a GPU its launch),
     ``readout_s`` (the host read, verification, tree observers) and ``accept_s`` (cache keep,
-    emitting: stop checks, streamers, drafters' ``accept``, learning)."""
+    emitting: stop checks, streamers, drafters' ``accept``, learning).
+
+    Prefix reuse (``model.prefix_reuse``): ``reused_tokens`` prompt tokens started from KV rows
+    of earlier calls (or of a cache the caller passed), ``prefilled_tokens`` run by the prefill,
+    both summed over rows; ``reuse_note`` says why rows were not reused or kept (reuse off, a
+    cache layout), else None; ``prefix_cache_bytes`` is what the model's cache holds after the call."""
 
     rows: int = 0
     forwards: int = 0  # tree forwards (batch steps)
@@ -31,6 +36,10 @@ class DecodeStats:
     readout_s: float = 0.0
     accept_s: float = 0.0
     device_forward_s: float = 0.0  # the forwards as the device timed them (``ForwardTimer``: CUDA events on a GPU)
+    reused_tokens: int = 0
+    prefilled_tokens: int = 0
+    reuse_note: str | None = None
+    prefix_cache_bytes: int = 0
 
     @property
     def verify_s(self) -> float:
@@ -70,4 +79,8 @@ class DecodeStats:
             "verify_s": round(self.verify_s, 4),
             "host_s": round(self.host_s, 5),
             "decode_tokens_per_s": round(self.step_tokens / self.decode_s, 2) if self.decode_s else 0.0,
+            "reused_tokens": self.reused_tokens,
+            "prefilled_tokens": self.prefilled_tokens,
+            "reuse_note": self.reuse_note,
+            "prefix_cache_bytes": self.prefix_cache_bytes,
         }

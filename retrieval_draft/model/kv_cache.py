@@ -142,6 +142,18 @@ class KVPool:
             layer._pool = self
         self._point()
 
+    @classmethod
+    def seeded(cls, layers: list[GrowingLayer], keys: torch.Tensor, values: torch.Tensor, length: int) -> "KVPool":
+        """A pool over ``keys`` (layers, B, H_kv, capacity, d_k) and ``values`` (layers, B, H_kv,
+        capacity, d_v) whose first ``length`` positions already hold rows (``prefix_reuse``):
+        ``layers`` (initialised ``GrowingLayer``s, one per entry) read and write them in place."""
+        pool = cls.__new__(cls)
+        pool.layers, pool.rows, pool.keys, pool.values = layers, keys.shape[1], keys, values
+        for layer in layers:
+            layer._pool, layer._length = pool, length
+        pool._point()
+        return pool
+
     @property
     def capacity(self) -> int:
         """Positions each row can hold before the pool grows."""

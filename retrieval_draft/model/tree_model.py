@@ -35,6 +35,7 @@ from retrieval_draft.tree import DraftTree
 from retrieval_draft.model.attention_layout import CHAIN, attention_layout
 from retrieval_draft.model.chain_probe import probe_chain_forward
 from retrieval_draft.model.kv_cache import KVPool, cut_back, model_cache, pooled
+from retrieval_draft.model.prefix_reuse import PrefixReuse
 from retrieval_draft.model.row_slots import RowSlots
 from retrieval_draft.model.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_forwards, skinny_linears
 from retrieval_draft.model.transfer import to_device
@@ -74,7 +75,9 @@ class TreeModel:
         """``skinny_sizes``: forward sizes (rows x width) that use the skinny matmul on CPU
         (default ``SKINNY_ROWS``; ``VerifyCost.skinny_sizes`` holds the measured choice).
         ``grouped_attention``: tree forwards read grouped-query KV heads in place
-        (``tree_attention``); the attribute of that name can be switched later."""
+        (``tree_attention``); the attribute of that name can be switched later.
+        The attribute ``reuse`` (None) may be set to the call's ``PrefixReuse`` before the prefill:
+        the prefill then starts from known KV rows (``prefix_reuse``)."""
         self.layout = attention_layout(model)
         self.model = model
         self.device = next(model.parameters()).device
@@ -88,6 +91,7 @@ class TreeModel:
         self.cache = self._fresh_cache()
         self.pools: list[KVPool] = []  # the cache's layers pooled after each prefill (``kv_cache.pooled``)
         self.slots = RowSlots.empty()
+        self.reuse: PrefixReuse | None = None
 
     @property
     def rows(self) -> int:
@@ -117,6 +121,10 @@ class TreeModel:
                 f"{type(self.model).__name__}'s cache layers ({', '.join(self.layout.own_cache_kinds)}) are verified "
                 "one row at a time: pass one prompt per call"
             )
+        if self.reuse is not None:  # start from known rows where there are any
+            logits = self.reuse.prefill(self, input_ids.cpu(), mask)
+            if logits is not None:
+                return logits
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         self.cache = self._fresh_cache()
         out = self.model(
@@ -197,6 +205,8 @@ class TreeModel:
         for row in sorted(finished, reverse=True):
             last = len(order) - 1
             live = int(self.slots.ends[last])
+            if self.reuse is not None:
+                self.reuse.retiring(self, row)
             for pool in self.pools:
                 pool.retire_row(row, live)
             self.slots.drop(row)
