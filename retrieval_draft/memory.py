@@ -23,7 +23,7 @@ from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.model.prefix_cache import PrefixCache
 from retrieval_draft.planning.calibration import AcceptanceCalibrator, RankCorrection
-from retrieval_draft.planning.cost import ObservedCost, VerifyCost
+from retrieval_draft.planning.cost import ObservedCost, VerifyCost, clamped, plausible
 from retrieval_draft.planning.cost_probe import CostProbe
 from retrieval_draft.store.store_cache import StoreCache
 
@@ -40,6 +40,7 @@ class ModelMemory:
             read from the disk cache when the memory is created (``rates_file``).
         ranks: sampling flag -> what the merged trees' ranks delivered (``RankCorrection``), this process only.
         history: earlier prompts and outputs (bounded, 4 MB at most by default).
+        rechecked: whether this process measured the curve again because decoding's forwards drifted from it.
         recycled: the model's recorded top-k successors per token (``PluginMemory.recycled``),
             None until first needed.
         prefixes: KV rows of recent calls' sequences, by token prefix (``model.prefix_cache``),
@@ -58,6 +59,7 @@ class ModelMemory:
     recycled: RecyclingDrafter | None = None
     prefixes: PrefixCache = field(default_factory=PrefixCache, repr=False)
     rates_saved_at: float = 0.0  # time.monotonic() of the last save to disk
+    rechecked: bool = False  # this process already measured a drifted curve again (once per process)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
@@ -88,9 +90,9 @@ class PluginMemory:
 
     def save_learned(self, model: torch.nn.Module, force: bool = False) -> None:
         """When ``persist`` and the last save is old enough: write ``model``'s learned rates
-        to disk, and its cost curve too where observed forward times proved it too slow
-        (``ObservedCost.faster``; a busy spell never overwrites a good curve)."""
-        from retrieval_draft.planning.cost_file import store_cost
+        to disk, and its cost curve too where observed forward times proved it too dear
+        (``ObservedCost.proven_cheaper``; a busy spell never overwrites a good curve)."""
+        from retrieval_draft.planning.cost_file import CORRECTED, store_cost
         from retrieval_draft.planning.rates_file import SAVE_INTERVAL_S, rates_path, write_rates
 
         memory = self.model(model)
@@ -99,10 +101,11 @@ class PluginMemory:
             return
         memory.rates_saved_at = now
         write_rates(rates_path(model), memory.rates)
-        if memory.cost is not None and memory.observed.faster():
-            memory.cost = memory.observed.apply(memory.cost)
+        cheaper = memory.observed.proven_cheaper(memory.cost) if memory.cost is not None else None
+        if cheaper is not None:  # sizes it left dearer than the plausible limit of its new lone root are lowered to it
+            memory.cost = clamped(cheaper, on_gpu(model))
             memory.observed = ObservedCost()
-            store_cost(model, memory.cost)
+            store_cost(model, memory.cost, CORRECTED)
 
     def recycled(self, model: torch.nn.Module) -> RecyclingDrafter:
         """The model's logits-recycling drafter (started empty on first use). Like the output
@@ -140,19 +143,33 @@ class PluginMemory:
         self._adopt(model, measure_cost(model, probe=memory.probe))
         return memory.cost, None
 
-    def finish_probe(self, model: torch.nn.Module) -> None:
-        """Once ``model``'s measurement is complete, its curve becomes the model's."""
+    def after_call(self, model: torch.nn.Module) -> None:
+        """After a call with ``model``: a measurement it completed becomes the model's curve; and once
+        per process, a curve that the call's forwards drifted from (``ObservedCost.drifted``: measured in
+        other conditions, or kept from another day) is measured again from the next single-row call's
+        forwards, its matmul paths included, and the corrections start afresh."""
+        from retrieval_draft.planning.cost_probe import new_probe
+
         memory = self.model(model)
         if memory.probe is not None and memory.probe.complete:
             self._adopt(model, memory.probe.curve())
+        elif memory.cost is not None and not memory.rechecked and memory.observed.drifted():
+            memory.rechecked = True
+            memory.cost, memory.probe, memory.observed = None, new_probe(model), ObservedCost()
 
     def _adopt(self, model: torch.nn.Module, cost: VerifyCost) -> None:
         """``cost``, a finished measurement, becomes ``model``'s curve, kept on disk when the
-        machine stayed steady while it was measured."""
+        machine stayed steady while it was measured and the curve is plausible (``cost.plausible``);
+        an implausible one is used lowered to the plausible limit (decoding's forwards then correct
+        it), never kept."""
         from retrieval_draft.planning.cost_file import store_cost
 
         memory = self.model(model)
-        memory.cost, memory.probe = cost, None
+        memory.probe = None
+        if not plausible(cost, on_gpu(model)):
+            memory.cost = clamped(cost, on_gpu(model))
+            return
+        memory.cost = cost
         if cost.steady:
             store_cost(model, cost)
 
@@ -175,6 +192,11 @@ class PluginMemory:
             self._models.clear()
             self._fingerprints.clear()
         self.stores.clear()
+
+
+def on_gpu(model: torch.nn.Module) -> bool:
+    """Whether ``model`` runs on an accelerator (its cost curve is then nearly flat)."""
+    return next(model.parameters()).device.type != "cpu"
 
 
 PROCESS_MEMORY = PluginMemory()
