@@ -20,14 +20,21 @@ SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 MAX_PREFIX_CACHE_BYTES = 2**50  # a bound for nonsense only (1 PiB); memory runs out long before
 
 
+def one_line(value, limit: int = 60) -> str:
+    """``value`` for a one-line error: its repr with whitespace runs as one space, at most ``limit``
+    characters (a tokenizer's or a tensor's repr spans many lines)."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _integer(name: str, value, low: int, high: int, shown: str = "") -> int:
     """``value`` as an int in ``low..high`` (a Python or numpy integer; never a bool or a float);
     ``shown`` names the range in the error (default ``low..high``)."""
     wanted = f"{name} must be {shown or f'an integer in {low}..{high}'}"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidInputError(f"{wanted}, got {value!r} ({type(value).__name__})")
+        raise InvalidInputError(f"{wanted}, got {one_line(value)} ({type(value).__name__})")
     if not low <= int(value) <= high:
-        raise InvalidInputError(f"{wanted}, got {value!r}")
+        raise InvalidInputError(f"{wanted}, got {one_line(value)}")
     return int(value)
 
 
@@ -35,7 +42,7 @@ def _flag(name: str, value) -> bool:
     """``value`` as a bool (True / False, or a numpy bool); 'no', 0 and None are refused, not guessed."""
     numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
     if not (isinstance(value, bool) or numpy_bool):
-        raise InvalidInputError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+        raise InvalidInputError(f"{name} must be True or False, got {one_line(value)} ({type(value).__name__})")
     return bool(value)
 
 

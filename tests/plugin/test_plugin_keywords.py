@@ -77,6 +77,15 @@ def test_a_wrong_value_gives_one_line_naming_what_the_keyword_takes():
     assert "\n" not in message and "prompt, ngram, suffix" in message and "a list of 1 (int)" in message
 
 
+def test_a_value_whose_repr_spans_lines_is_shown_on_one_short_line():
+    """Found by the keyword fuzz test: a tokenizer given as tree_budget printed its whole repr."""
+    tokenizer = word_tokenizer(WORDS)
+    with pytest.raises(retrieval_draft.InvalidInputError) as caught:
+        plugin_keywords(1, tree_budget=tokenizer)
+    message = str(caught.value)
+    assert "\n" not in message and len(message) < 160 and message.endswith(f"({type(tokenizer).__name__})")
+
+
 def test_an_empty_drafter_list_decodes_without_drafts_and_matches_greedy():
     model = make_tiny_llama(seed=94)
     prompt = random_prompt(94, repeat=2)
