@@ -25,6 +25,7 @@ from retrieval_draft.store.suffix_trie import key_width
 from retrieval_draft.store.tokenizer import tokenizer_fingerprint, tokenizer_vocab_size
 from retrieval_draft_datastore.encode import encode_corpus
 from retrieval_draft_datastore.index import IndexParams, write_index
+from retrieval_draft_datastore.out_path import check_out
 from retrieval_draft_datastore.sources import SourceOptions, iter_documents
 
 SPOOL = "tokens.spool"
@@ -59,9 +60,10 @@ def publish(tmp: Path, out: Path) -> None:
     The builder wrote every file from checked ids and computed the manifest's
     checksums from the files themselves, so the first ``datastore=PATH`` call
     after a build need not hash them again; the record is keyed by the files'
-    inodes, sizes and times (``store_cache``), so any later change is verified.
+    inodes, sizes and times (``store_cache``), so any later change is verified. ``out`` is
+    checked again (``check_out``): nothing that appeared there during the build is replaced.
     """
-    swap_into_place(tmp, out)
+    swap_into_place(tmp, check_out(out))
     record_verified(store_identity(out))
 
 
@@ -86,9 +88,11 @@ def build(
 ) -> dict:
     """Build a datastore at ``out`` from ``sources``; returns its manifest.
 
-    Raises EmptyCorpusError, InvalidInputError, TokenIdOutOfRangeError; on
-    any failure the previous ``out`` is left as it was.
+    Raises EmptyCorpusError, InvalidInputError (also for an ``out`` that is not ours to
+    replace, ``check_out``), TokenIdOutOfRangeError; on any failure the previous ``out``
+    is left as it was.
     """
+    out = check_out(out)
     vocab_size = tokenizer_vocab_size(tokenizer)
     dtype = token_dtype(vocab_size)
     tmp = temp_dir_next_to(out)
@@ -105,7 +109,7 @@ def build(
         if progress:
             print(f"indexing {tokens.size} tokens", file=sys.stderr)
         extra = {"tokenize_seconds": round(tokenize_seconds, 3), "engine": "local"}
-        return finish_store(tmp, Path(out), tokens, header, params, extra)
+        return finish_store(tmp, out, tokens, header, params, extra)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -115,8 +119,10 @@ def merge(first: Path, second: Path, out: Path, *, params: IndexParams | None = 
 
     The result equals a build over the first store's documents followed by
     the second's. ``params`` default to the first store's. Raises
-    TokenizerMismatchError when the fingerprints or vocabularies differ.
+    TokenizerMismatchError when the fingerprints or vocabularies differ, InvalidInputError
+    for an ``out`` that is not ours to replace (``check_out``).
     """
+    out = check_out(out)
     a = open_datastore(first)
     b = open_datastore(second)
     if isinstance(a, ShardedDatastore) or isinstance(b, ShardedDatastore):
@@ -130,6 +136,6 @@ def merge(first: Path, second: Path, out: Path, *, params: IndexParams | None = 
     del a, b
     tmp = temp_dir_next_to(out)
     try:
-        return finish_store(tmp, Path(out), tokens, header, params, {"merged_from": 2})
+        return finish_store(tmp, out, tokens, header, params, {"merged_from": 2})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

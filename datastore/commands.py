@@ -17,6 +17,7 @@ from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.store.opening import open_datastore
 from retrieval_draft.store.sharded import ShardedDatastore
 from retrieval_draft_datastore.index import IndexParams
+from retrieval_draft_datastore.out_path import check_out
 from retrieval_draft_datastore.sources import SourceOptions
 
 
@@ -31,7 +32,8 @@ def register(subparsers) -> None:
     defaults = IndexParams()
     b = subparsers.add_parser("build", help="build a retrieval datastore from text sources")
     b.add_argument("sources", nargs="+", help="directories, text files, .jsonl or .parquet files")
-    b.add_argument("--out", required=True, type=Path, help="datastore directory to (re)place")
+    b.add_argument("--out", required=True, type=Path,
+                   help="new or empty folder, or a datastore to replace (anything else is refused)")
     _add_tokenizer_args(b)
     b.add_argument("--glob", action="append", help="file pattern inside directories (repeatable; default '*')")
     b.add_argument(
@@ -55,7 +57,7 @@ def register(subparsers) -> None:
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local: one process (default); ray: Ray Data, local or a cluster (pip install "
-                        "'retrieval-draft[distributed]')")
+                        "'ray[data]>=2.40')")
     b.add_argument("--address", help="with --engine ray: the Ray cluster to join (default: start a local one)")
     b.add_argument("--workers", type=int, help="with --engine ray: tokenising actors (default: the cluster's CPUs)")
     b.set_defaults(func=cmd_build)
@@ -71,7 +73,8 @@ def register(subparsers) -> None:
     m = subparsers.add_parser("merge", help="merge two datastores built with the same tokenizer")
     m.add_argument("first", type=Path)
     m.add_argument("second", type=Path)
-    m.add_argument("--out", required=True, type=Path)
+    m.add_argument("--out", required=True, type=Path,
+                   help="new or empty folder, or a datastore to replace (anything else is refused)")
     m.set_defaults(func=cmd_merge)
 
 
@@ -107,9 +110,12 @@ def _compile_query_kernels(path) -> None:
 
 
 def _tokenizer(args):
+    """The tokenizer of ``--tokenizer`` or ``--model`` (default: SmolLM2's); errors name the flag's kind."""
     from retrieval_draft.model.models import load_tokenizer
 
-    return load_tokenizer(args.tokenizer or args.model)
+    if args.tokenizer:
+        return load_tokenizer(args.tokenizer, kind="tokenizer")
+    return load_tokenizer(args.model)
 
 
 def cmd_build(args) -> int:
@@ -124,10 +130,15 @@ def cmd_build(args) -> int:
     )
     if args.engine == "local" and (args.address or args.workers):
         raise InvalidInputError("--address and --workers need --engine ray")
+    if args.engine == "ray":
+        from retrieval_draft_datastore.ray_build import check_address
+
+        check_address(args.address)
     if args.shard_tokens is not None:
         from retrieval_draft_datastore.shard_build import check_shard_tokens
 
-        check_shard_tokens(args.shard_tokens)  # before loading the tokenizer
+        check_shard_tokens(args.shard_tokens)
+    check_out(args.out)  # all before loading the tokenizer
     manifest = _run_build(args, params, options)
     stats = manifest["stats"]
     _compile_query_kernels(args.out)
@@ -212,6 +223,7 @@ def cmd_inspect(args) -> int:
     from retrieval_draft.drafters.datastore import datastore_drafters
 
     store = open_datastore(args.path)
+    tokenizer = _tokenizer(args) if args.query else None  # a bad tokenizer fails before anything prints
     numbers = store_numbers(store)
     for key in ("documents", "tokens", "contexts_per_order", "trie_keys", "bytes_per_token_total"):
         print(f"{key}: {numbers[key]}")
@@ -224,7 +236,6 @@ def cmd_inspect(args) -> int:
             print(f"  {shard['dir']}: {shard['tokens']} tokens, {shard['documents']} documents, "
                   f"{shard['bytes'] / 1e6:.1f} MB")
     if args.query:
-        tokenizer = _tokenizer(args)
         ids = np.asarray(tokenizer(args.query, add_special_tokens=False)["input_ids"], dtype=np.int64)
         for drafter in datastore_drafters(store, vocab_size=store.vocab_size, tokenizer=tokenizer):
             print(f"{drafter.name} continuations of {args.query!r}:")

@@ -33,20 +33,27 @@ from retrieval_draft_datastore.kernels_count import count_ngrams, trie_ranges
 from retrieval_draft_datastore.kernels_sort import sort_suffixes
 
 
+MAX_ORDER = 15  # longest n-gram context: the table holds a row per context of every order up to it
+MAX_TOP_K = 64  # next tokens kept per context (the n-gram drafter branches at most a few ways)
+MAX_DEPTH = 255  # sort and trie depth: common-prefix lengths are counted in uint8
+MAX_COUNT = 2**32 - 1  # count thresholds: counts and totals are at most uint32
+
+
 @dataclass(frozen=True)
 class IndexParams:
-    """Build parameters (stored in the manifest).
+    """Build parameters (stored in the manifest). Every accepted value gives a store that drafts;
+    anything else is an InvalidInputError naming the command-line flag and its range.
 
     Attributes:
         max_order: longest Markov context, in tokens (1..15).
-        top_k: next tokens kept per context.
-        min_count: contexts with fewer continuations never draft.
-        sort_depth: tokens the suffix array is sorted by = longest suffix match.
-        trie_depth: longest n-gram keyed in the suffix trie.
-        trie_min_count: n-grams of order >= 2 enter the trie from this many occurrences.
+        top_k: next tokens kept per context (1..64).
+        min_count: contexts with fewer continuations never draft (1..2**32 - 1).
+        sort_depth: tokens the suffix array is sorted by = longest suffix match (max_order + 1..255).
+        trie_depth: longest n-gram keyed in the suffix trie (1..sort_depth).
+        trie_min_count: n-grams of order >= 2 enter the trie from this many occurrences (1..2**32 - 1).
         table_min_total: contexts with at least this many continuations are stored in the
             n-gram table; rarer ones are counted from the suffix array when drafting (at most
-            this many rows read), which keeps the table small.
+            this many rows read), which keeps the table small (1..2**32 - 1).
     """
 
     max_order: int = 4
@@ -58,12 +65,13 @@ class IndexParams:
     table_min_total: int = 64
 
     def __post_init__(self) -> None:
-        if not 1 <= self.max_order < self.sort_depth <= 255:
-            raise InvalidInputError("need 1 <= max_order < sort_depth <= 255")
-        if not 1 <= self.trie_depth <= self.sort_depth:
-            raise InvalidInputError("need 1 <= trie_depth <= sort_depth")
-        if self.top_k < 1 or self.min_count < 1 or self.trie_min_count < 1 or self.table_min_total < 1:
-            raise InvalidInputError("top_k, min_count, trie_min_count and table_min_total must be >= 1")
+        _in_range("--max-order", self.max_order, 1, MAX_ORDER)
+        _in_range("--sort-depth", self.sort_depth, self.max_order + 1, MAX_DEPTH, "above --max-order")
+        _in_range("--trie-depth", self.trie_depth, 1, self.sort_depth, "at most --sort-depth")
+        _in_range("--top-k", self.top_k, 1, MAX_TOP_K)
+        _in_range("--min-count", self.min_count, 1, MAX_COUNT)
+        _in_range("trie_min_count", self.trie_min_count, 1, MAX_COUNT)  # no flag: the library's alone
+        _in_range("--table-min-total", self.table_min_total, 1, MAX_COUNT)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,6 +80,13 @@ class IndexParams:
     def lcp_cap(self) -> int:
         """Longest common prefix the counting needs, in tokens."""
         return max(self.max_order + 1, self.trie_depth)
+
+
+def _in_range(label: str, value, lo: int, hi: int, why: str = "") -> None:
+    """InvalidInputError unless ``value`` is an int in lo..hi; ``label`` names it (the command-line flag)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
+        reason = f" ({why})" if why else ""
+        raise InvalidInputError(f"{label} must be an integer in {lo}..{hi}{reason}, got {value!r}")
 
 
 @dataclass(frozen=True)

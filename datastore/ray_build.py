@@ -14,6 +14,7 @@ old store untouched and raises one typed error line.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import time
@@ -27,6 +28,7 @@ from retrieval_draft.store.layout import separator_id, token_dtype
 from retrieval_draft.store.tokenizer import tokenizer_fingerprint, tokenizer_vocab_size
 from retrieval_draft_datastore.builder import publish, store_manifest
 from retrieval_draft_datastore.index import IndexParams, write_parts
+from retrieval_draft_datastore.out_path import check_out
 from retrieval_draft_datastore.ray_index import index_on_ray
 from retrieval_draft_datastore.ray_tokenise import ShardTokeniser, plan_shards, tokenise_shards
 from retrieval_draft_datastore.sources import SourceOptions, plan_files
@@ -37,21 +39,38 @@ def import_ray():
         import ray
         import ray.data  # noqa: F401
     except ImportError:
-        raise InvalidInputError("--engine ray needs Ray Data: pip install 'retrieval-draft[distributed]'") from None
+        raise InvalidInputError("--engine ray needs Ray Data: pip install 'ray[data]>=2.40'") from None
     return ray
+
+
+# What ``ray.init(address=...)`` takes: auto, local, HOST:PORT, or a ray:// (Ray Client) or http(s):// address.
+RAY_ADDRESS = re.compile(r"auto|local|(?:(?:ray|https?)://)?[^\s:/]+:\d{1,5}")
+
+
+def check_address(address: str | None) -> None:
+    """InvalidInputError for an ``--address`` Ray cannot take (checked before anything loads or connects:
+    Ray retries a malformed or unreachable address for minutes)."""
+    if address is not None and not RAY_ADDRESS.fullmatch(address):
+        raise InvalidInputError(f"--address {address!r} is not a Ray address: give HOST:PORT, "
+                                "ray://HOST:PORT, auto or local")
 
 
 def connect(ray, address: str | None, workers: int | None) -> bool:
     """Join the runtime at ``address``, or the one this process already has, or start a local one
-    with ``workers`` CPUs. Returns whether we started it (and so must stop it)."""
+    with ``workers`` CPUs. Returns whether we started it (and so must stop it); DatastoreError
+    (one line) when Ray cannot start or join it."""
     if ray.is_initialized():
         return False
+    check_address(address)
     kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": True,
               "logging_level": "ERROR"}
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        ray.init(num_cpus=workers, **kwargs)
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=workers, **kwargs)
+    except Exception as error:  # Ray raises ConnectionError, ValueError, RuntimeError, ...
+        raise one_line(error) from error
     return True
 
 
@@ -76,11 +95,13 @@ def build_ray(sources: list[str], out: Path, tokenizer, *, options: SourceOption
     ``workers``: actors tokenising at once (default: the runtime's CPUs);
     ``ranges``: first-token ranges counted apart (default 2 per worker).
     Raises InvalidInputError (no Ray, bad sources), EmptyCorpusError,
-    DatastoreError (the runtime failed); ``out`` is untouched on any failure.
+    DatastoreError (the runtime failed); ``out`` is untouched on any failure (``check_out``
+    refuses one that is not ours to replace, before the runtime starts).
     """
     ray = import_ray()
     if workers is not None and workers < 1:
         raise InvalidInputError("--workers must be >= 1")
+    out = check_out(out)
     vocab_size = tokenizer_vocab_size(tokenizer)
     dtype, files = token_dtype(vocab_size), plan_files(sources, options)
     sep = separator_id(dtype)
@@ -109,7 +130,7 @@ def build_ray(sources: list[str], out: Path, tokenizer, *, options: SourceOption
         header = {"vocab_size": vocab_size, "fingerprint": tokenizer_fingerprint(tokenizer), "documents": documents}
         extra = {"tokenize_seconds": round(tokenize_seconds, 3), "engine": f"ray ({workers} workers)"}
         manifest = store_manifest(tmp, tokens, header, params, stats, extra)
-        publish(tmp, Path(out))
+        publish(tmp, out)
         return manifest
     except RetrievalDraftError:
         raise

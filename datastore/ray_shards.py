@@ -24,6 +24,7 @@ from retrieval_draft.store.layout import separator_id, shard_name, token_dtype
 from retrieval_draft.store.tokenizer import tokenizer_fingerprint, tokenizer_vocab_size
 from retrieval_draft_datastore.builder import publish
 from retrieval_draft_datastore.index import IndexParams
+from retrieval_draft_datastore.out_path import check_out
 from retrieval_draft_datastore.ray_build import connect, import_ray, one_line
 from retrieval_draft_datastore.ray_tokenise import ShardTokeniser, plan_shards, tokenise_shards
 from retrieval_draft_datastore.shard_build import (
@@ -64,12 +65,14 @@ def build_sharded_ray(sources: list[str], out: Path, tokenizer, shard_tokens: in
     """Build a sharded store at ``out`` on Ray (module docstring); returns its manifest.
 
     Raises InvalidInputError (no Ray, bad sources or shard size), EmptyCorpusError,
-    DatastoreError (the runtime failed); ``out`` is untouched on any failure.
+    DatastoreError (the runtime failed); ``out`` is untouched on any failure (``check_out``
+    refuses one that is not ours to replace, before the runtime starts).
     """
     ray = import_ray()
     check_shard_tokens(shard_tokens)
     if workers is not None and workers < 1:
         raise InvalidInputError("--workers must be >= 1")
+    out = check_out(out)
     vocab_size = tokenizer_vocab_size(tokenizer)
     dtype, files = token_dtype(vocab_size), plan_files(sources, options)
     sep = separator_id(dtype)
@@ -98,7 +101,7 @@ def build_sharded_ray(sources: list[str], out: Path, tokenizer, shard_tokens: in
                  "shards_seconds": round(shard_seconds, 3), "table_seconds": round(time.perf_counter() - start, 3),
                  "table_ranges": table["table_ranges"], "rare_contexts": table["rare_contexts"]}
         manifest = write_sharded_manifest(tmp, records, header, dtype, params, table, extra)
-        publish(tmp, Path(out))
+        publish(tmp, out)
         return manifest
     except RetrievalDraftError:
         raise

@@ -26,12 +26,13 @@ import numpy as np
 
 from retrieval_draft.atomic import temp_dir_next_to
 from retrieval_draft.errors import EmptyCorpusError, InvalidInputError, TokenizerMismatchError
-from retrieval_draft.store.layout import MANIFEST, separator_id, token_dtype
+from retrieval_draft.store.layout import separator_id, token_dtype
 from retrieval_draft.store.manifest import read_manifest
 from retrieval_draft.store.tokenizer import tokenizer_fingerprint, tokenizer_vocab_size
 from retrieval_draft_datastore.builder import finish_store
 from retrieval_draft_datastore.encode import BATCH_DOCS, encode_texts
 from retrieval_draft_datastore.index import IndexParams
+from retrieval_draft_datastore.out_path import check_out
 from retrieval_draft_datastore.repo_cache import FileEntry, PreviousStore, load_previous, write_repo_index
 from retrieval_draft_datastore.repo_files import SOURCE_GLOBS, SourceText, check_source_root, list_sources, read_source
 from retrieval_draft_datastore.sources import SourceOptions
@@ -49,6 +50,7 @@ class RepoUpdate:
             (a first build adds every file).
         tokenised: distinct file contents tokenised by this call (the rest reused cached ids).
         tokens: the stream's length, separators included. seconds: wall time of the whole call.
+        built: True when ``out`` held no store before this call (a first build), False for an update.
     """
 
     store: Path
@@ -60,24 +62,25 @@ class RepoUpdate:
     tokenised: int
     tokens: int
     seconds: float
+    built: bool = False
 
     def line(self) -> str:
-        """The one-line report the CLI prints."""
-        return (f"updated {self.store}: {self.files} files ({self.changed} changed, {self.added} added, "
+        """The one-line report the CLI prints: ``built ...`` after a first build, ``updated ...`` after."""
+        verb = "built" if self.built else "updated"
+        return (f"{verb} {self.store}: {self.files} files ({self.changed} changed, {self.added} added, "
                 f"{self.deleted} deleted, {self.unchanged} unchanged), {self.tokens} tokens in {self.seconds:.2f} s")
 
 
 def check_target(out: Path, root: Path) -> dict | None:
     """The checked manifest of the repo store at ``out``, or None when ``out`` is absent or an empty folder.
 
-    Raises InvalidInputError when ``out`` holds anything else (a file, other files, a store built
-    by ``build``, a repo store of another source root), CorruptDatastoreError when its manifest is
-    damaged: nothing is replaced that an update could lose.
+    Raises InvalidInputError when ``out`` holds anything else (what ``check_out`` refuses for every
+    writer, a store built by ``build``, a repo store of another source root), CorruptDatastoreError
+    when its manifest is damaged: nothing is replaced that an update could lose.
     """
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+    out = check_out(out)
+    if not out.exists() or not any(out.iterdir()):
         return None
-    if not (out / MANIFEST).is_file():
-        raise InvalidInputError(f"--out {out} exists and is not a datastore; choose another path")
     manifest = read_manifest(out)
     repo = manifest.get("repo")
     if not isinstance(repo, dict):
@@ -165,4 +168,4 @@ def update_repo_store(src: Path, out: Path, tokenizer, *, options: SourceOptions
     repo = {"root": str(root), "lister": lister, "globs": list(options.globs), "excludes": list(options.excludes)}
     _write(out, tokens, entries, header, params, repo)
     return RepoUpdate(out, len(entries), **_classify(previous.hashes, sources), tokenised=len(fresh),
-                      tokens=int(tokens.size), seconds=time.perf_counter() - start)
+                      tokens=int(tokens.size), seconds=time.perf_counter() - start, built=old is None)

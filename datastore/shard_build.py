@@ -37,6 +37,7 @@ from retrieval_draft.store.tokenizer import tokenizer_fingerprint, tokenizer_voc
 from retrieval_draft_datastore.builder import publish, store_manifest
 from retrieval_draft_datastore.encode import encode_chunks
 from retrieval_draft_datastore.index import IndexParams, _ngram_columns, write_index
+from retrieval_draft_datastore.out_path import check_out
 from retrieval_draft_datastore.shard_table import bucket_rows, count_range, join_ranges, table_cuts
 from retrieval_draft_datastore.sources import SourceOptions, iter_documents
 
@@ -134,8 +135,9 @@ def build_sharded_from_chunks(chunks: Iterable[np.ndarray], out: Path, header: d
     """Build a sharded store at ``out`` from token ``chunks`` (whole separator-terminated documents,
     ``dtype``), one shard after another in this process; returns the manifest.
     ``header``: vocab_size, fingerprint. Raises EmptyCorpusError, InvalidInputError; on any
-    failure ``out`` is left as it was."""
+    failure ``out`` is left as it was (``check_out`` refuses an ``out`` that is not ours to replace)."""
     check_shard_tokens(shard_tokens)
+    out = check_out(out)
     tmp = temp_dir_next_to(out)
     try:
         start = time.perf_counter()
@@ -143,7 +145,7 @@ def build_sharded_from_chunks(chunks: Iterable[np.ndarray], out: Path, header: d
         for i, tokens in enumerate(split_shards(chunks, shard_tokens, separator_id(dtype))):
             records.append(write_shard(tmp / shard_name(i), tokens, header, params)[0])
             if progress:
-                print(f"shard {i}: {record['tokens']} tokens", file=sys.stderr)
+                print(f"shard {i}: {records[-1]['tokens']} tokens", file=sys.stderr)
         if not records:
             raise EmptyCorpusError("the corpus produced no tokens")
         shard_seconds = time.perf_counter() - start
@@ -153,7 +155,7 @@ def build_sharded_from_chunks(chunks: Iterable[np.ndarray], out: Path, header: d
         manifest = write_sharded_manifest(tmp, records, header, dtype, params, table,
                                           {**(extra or {}), **timings, "table_ranges": table["table_ranges"],
                                            "rare_contexts": table["rare_contexts"]})
-        publish(tmp, Path(out))
+        publish(tmp, out)
         return manifest
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -165,6 +167,7 @@ def build_sharded(sources: list[str], out: Path, tokenizer, shard_tokens: int, *
     """``retrieval-draft build --shard-tokens N``: tokenise ``sources`` in batches and build a
     sharded store at ``out`` in this process (``build_sharded_from_chunks``); returns its manifest."""
     check_shard_tokens(shard_tokens)
+    check_out(out)
     vocab_size = tokenizer_vocab_size(tokenizer)
     dtype = token_dtype(vocab_size)
     header = {"vocab_size": vocab_size, "fingerprint": tokenizer_fingerprint(tokenizer)}

@@ -20,15 +20,24 @@ from retrieval_draft.store.sharded import ShardedDatastore
 from retrieval_draft.store.suffix_query import longest_match, suffix_drafts
 
 
+MAX_MATCH = 16  # default longest suffix match, tokens (a store's sort depth may cap it lower)
+
+
 class SuffixDrafter(Drafter):
     """Drafts read from the corpus after the longest match of the context's end."""
 
     name = "suffix"
 
     def __init__(
-        self, store: Datastore | ShardedDatastore, *, max_match: int = 16, samples: int = 64, branches: int = 4, pseudo: float = 1.0
+        self, store: Datastore | ShardedDatastore, *, max_match: int | None = None, samples: int = 64,
+        branches: int = 4, pseudo: float = 1.0
     ) -> None:
+        """``max_match``: longest suffix matched, in tokens, 1..the store's sort depth (default:
+        ``MAX_MATCH`` or the sort depth, whichever is smaller, so a store built with any accepted
+        ``--sort-depth`` drafts)."""
         depth = int(store.params["sort_depth"])
+        if max_match is None:
+            max_match = min(MAX_MATCH, depth)
         if not 1 <= max_match <= depth:
             raise ValueError(f"max_match must be in 1..{depth} (the store's sort depth)")
         if samples < 1 or branches < 1:

@@ -79,25 +79,33 @@ def named_model_path(name: str) -> str | None:
     return None
 
 
-def model_location(path: str | None) -> tuple[str, dict]:
+# A folder holding none of these is no model or tokenizer folder (save_pretrained writes them).
+MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def model_location(path: str | None, kind: str = "model") -> tuple[str, dict]:
     """(directory, extra from_pretrained kwargs) for a model path, a model name or the default;
-    ``ModelLoadError`` for a path that is not there or not a model (checked without importing torch)."""
+    ``ModelLoadError`` for a path that is not there or not a model (checked without importing torch).
+    ``kind`` ("model" or "tokenizer") names what the path was given as in the messages."""
     path = (named_model_path(path) if path in MODEL_NAMES else path) or default_model_path()
     if not os.path.exists(path):
-        raise ModelLoadError(f"model path not found: {path}")
+        raise ModelLoadError(f"{kind} path not found: {path}")
     if path.endswith(".gguf"):
         return os.path.dirname(os.path.abspath(path)), {"gguf_file": os.path.basename(path)}
     if not os.path.isdir(path):
-        raise ModelLoadError(f"model path must be a directory or a .gguf file: {path}")
+        raise ModelLoadError(f"{kind} path must be a directory or a .gguf file: {path}")
     ggufs = sorted(Path(path).glob("*.gguf"))
+    if not ggufs and not any((Path(path) / name).is_file() for name in MODEL_FILES):
+        raise ModelLoadError(f"{path} is not a {kind} folder: it holds no {', '.join(MODEL_FILES)} or .gguf file")
     if len(ggufs) == 1 and not (Path(path) / "config.json").exists():
         return path, {"gguf_file": ggufs[0].name}  # a folder holding just a GGUF file
     return path, {}
 
 
-def load_tokenizer(path: str | None = None):
-    """The fast tokenizer of a local model or tokenizer directory, or a GGUF file (default model when None)."""
-    (tokenizer,) = _load(path, ("tokenizer",))
+def load_tokenizer(path: str | None = None, kind: str = "model"):
+    """The fast tokenizer of a local model or tokenizer directory, or a GGUF file (default model when None);
+    ``kind``: what ``path`` was given as ("model" or "tokenizer"), for the error messages."""
+    (tokenizer,) = _load(path, ("tokenizer",), kind=kind)
     return tokenizer
 
 
@@ -114,11 +122,11 @@ def load_model_and_tokenizer(path: str | None = None, attn_implementation: str =
     return model, tokenizer
 
 
-def _load(path: str | None, parts: tuple[str, ...], attn_implementation: str = "sdpa") -> tuple:
+def _load(path: str | None, parts: tuple[str, ...], attn_implementation: str = "sdpa", kind: str = "model") -> tuple:
     """Each of ``parts`` ("tokenizer", "model") of the model at ``path``, in that order: a GGUF
     file's kept part where there is one (``converted_gguf``), else loaded from the file, and kept;
     the parts loaded from a GGUF file share one parse of it (``one_parse``)."""
-    folder, extra = model_location(path)
+    folder, extra = model_location(path, kind)
     gguf = os.path.join(folder, extra["gguf_file"]) if "gguf_file" in extra else None
     sources = [_source(folder, extra, gguf, part) for part in parts]
     converting = any(keep is not None for _, _, keep in sources)
@@ -144,7 +152,7 @@ def _tokenizer(path, folder: str, extra: dict, gguf: str | None):
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
     except Exception as error:  # transformers raises many unrelated types here
-        raise ModelLoadError(f"cannot load a tokenizer from {path or folder}: {error}".splitlines()[0]) from error
+        raise ModelLoadError(f"cannot load a tokenizer from {path or folder}: {_one_line(error)}") from error
     if not getattr(tokenizer, "is_fast", False):
         raise ModelLoadError(f"the tokenizer at {path or folder} is not a fast tokenizer")
     if gguf is not None:
@@ -166,8 +174,13 @@ def _model(path, folder: str, extra: dict, gguf: str | None, origin: str, attn_i
             **extra,
         )
     except Exception as error:  # transformers raises many unrelated types here
-        raise ModelLoadError(f"cannot load a causal LM from {path or folder}: {error}".splitlines()[0]) from error
+        raise ModelLoadError(f"cannot load a causal LM from {path or folder}: {_one_line(error)}") from error
     if gguf is not None:
         keep_part(gguf, "model", model)
     model.config._name_or_path = model.name_or_path = origin  # a kept copy answers to its GGUF file's folder
     return model.eval()
+
+
+def _one_line(error: BaseException) -> str:
+    """``error``'s whole message on one line (transformers' messages run over several lines)."""
+    return " ".join(str(error).split()) or type(error).__name__

@@ -96,14 +96,16 @@ def _same_store(a: dict, b: dict) -> None:
 
 
 def test_a_ray_build_with_a_killed_worker_equals_the_single_process_build(runtime, tmp_path, corpus, tokenizer,
-                                                                         local_store):
+                                                                         local_store, capsys):
     """One tokenising worker kills its own process; Ray retries its shard, and the store (sources
-    named by file:// URL, read through pyarrow's filesystems) is the single-process build's."""
+    named by file:// URL, read through pyarrow's filesystems) is the single-process build's. The
+    progress output is on, as the command line has it without --quiet."""
     marker = tmp_path / "die-once"
     marker.write_text("")
     url = corpus.resolve().as_uri()
-    manifest = build_ray([url], tmp_path / "ds", tokenizer, options=PY, workers=2, ranges=3, progress=False,
+    manifest = build_ray([url], tmp_path / "ds", tokenizer, options=PY, workers=2, ranges=3, progress=True,
                          tokeniser=dies_once(marker))
+    assert f"indexing {manifest['stats']['tokens']} tokens on ray" in capsys.readouterr().err
     assert not marker.exists()  # a worker did die
     _same_store(manifest, local_store)
     assert manifest["stats"]["engine"] == "ray (2 workers)" and sorted(os.listdir(tmp_path)) == ["ds"]
