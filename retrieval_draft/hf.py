@@ -148,8 +148,9 @@ def generate(
     # function and linear layers for its duration, which another thread must not see.
     with memory.model(model).lock:
         tree_model = TreeModel(model)
+        tree_model.reserve = options.max_new_tokens + config.tree_budget + 1  # new tokens and one tree
         tree_model.reuse = start_reuse(model, tree_model, memory, config.prefix_cache_bytes, input_ids, attention_mask,
-                                       model_kwargs, reserve=options.max_new_tokens + config.tree_budget + 1)
+                                       model_kwargs)
         if ours.planner is None:  # one row verified as trees can measure the cost curve while it decodes
             can_probe = rows == 1 and tree_model.layout.mode != CHAIN
             planner = make_planner(model, config, options.do_sample, memory, can_probe)

@@ -23,10 +23,9 @@ from retrieval_draft.model.tree_model import TreeModel
 
 
 def start_reuse(model, tree_model: TreeModel, memory: PluginMemory, capacity: int, input_ids: torch.Tensor,
-                attention_mask: torch.Tensor, model_kwargs: dict, reserve: int) -> PrefixReuse:
+                attention_mask: torch.Tensor, model_kwargs: dict) -> PrefixReuse:
     """This call's reuse (to set as ``tree_model.reuse`` before the prefill). ``input_ids`` and
-    ``attention_mask``: (B, L), left-padded; ``reserve``: positions decoding may add per row
-    (new tokens plus one tree). Raises ``InvalidInputError`` for a caller's cache it cannot use."""
+    ``attention_mask``: (B, L), left-padded. Raises ``InvalidInputError`` for a caller's cache it cannot use."""
     rows = input_ids.shape[0]
     prefixes = memory.model(model).prefixes
     prefixes.resize(capacity)
@@ -40,7 +39,7 @@ def start_reuse(model, tree_model: TreeModel, memory: PluginMemory, capacity: in
         given = given_seeds(cache, input_ids.cpu(), attention_mask.cpu().to(torch.long))
         if blocker is not None and any(seed is not None for seed in given):
             raise InvalidInputError(f"the cache passed to generate cannot be used with this model: {blocker}")
-    return PrefixReuse(prefixes, note, given, reserve, caller_cache=cache)
+    return PrefixReuse(prefixes, note, given, caller_cache=cache)
 
 
 def finish_reuse(reuse: PrefixReuse, tree_model: TreeModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -25,6 +25,8 @@ Pooling copies the prefill's rows once, so for that moment the cache takes twice
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 from transformers import DynamicCache
@@ -43,7 +45,15 @@ class GrowingLayer(DynamicLayer):
     ``KVPool.cut``) sets one integer per layer instead of making two views. Assigning a prefix view
     of the buffer (transformers' ``crop``) sets the length; before the first update, ``keys`` and
     ``values`` are whatever transformers assigned.
+
+    ``reserve``: positions to allocate beyond the first update's rows (the prefill), so that
+    decoding writes in place; None allocates twice the rows (the prefill then copies its rows
+    once more when the buffers grow, and a pool of them holds twice the memory).
     """
+
+    def __init__(self, reserve: int | None = None) -> None:
+        super().__init__()
+        self.reserve = reserve
 
     _key_buffer: torch.Tensor | None = None
     _value_buffer: torch.Tensor | None = None
@@ -93,7 +103,8 @@ class GrowingLayer(DynamicLayer):
         start = self._length
         end = start + key_states.shape[-2]
         if self._key_buffer is None or end > self._key_buffer.shape[-2]:
-            capacity = max(2 * end, MIN_CAPACITY)
+            first = self._key_buffer is None and self.reserve is not None
+            capacity = max(end + self.reserve if first else 2 * end, MIN_CAPACITY)
             if self._pool is not None:
                 self._pool.grow(capacity)
             else:
@@ -226,22 +237,22 @@ def pooled(cache: DynamicCache) -> list[KVPool]:
     return list(pools.values()) + [KVPool(layers) for layers in loose.values()]
 
 
-def growing_cache() -> DynamicCache:
-    """An empty ``DynamicCache`` that creates ``GrowingLayer`` layers on first use."""
+def growing_cache(reserve: int | None = None) -> DynamicCache:
+    """An empty ``DynamicCache`` that creates ``GrowingLayer(reserve)`` layers on first use."""
     cache = DynamicCache()
-    cache.layer_class_to_replicate = GrowingLayer
+    cache.layer_class_to_replicate = partial(GrowingLayer, reserve)
     return cache
 
 
-def model_cache(config, own_layers: bool) -> DynamicCache:
+def model_cache(config, own_layers: bool, reserve: int | None = None) -> DynamicCache:
     """The cache a tree model runs on: ``growing_cache()``, or, for models whose cache layers keep
     extra per-token state (``own_layers``), transformers' own ``DynamicCache(config=...)`` with
     every plain KV layer swapped for a ``GrowingLayer`` (a sliding-window layer would drop rows
-    that a rejected draft's rollback must restore)."""
+    that a rejected draft's rollback must restore). ``reserve``: ``GrowingLayer``'s."""
     if not own_layers:
-        return growing_cache()
+        return growing_cache(reserve)
     cache = DynamicCache(config=config)
-    cache.layers = [GrowingLayer() if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) else layer
+    cache.layers = [GrowingLayer(reserve) if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) else layer
                     for layer in cache.layers]
     return cache
 

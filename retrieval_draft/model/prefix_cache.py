@@ -47,13 +47,14 @@ class CachedPrefix:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of its tensors."""
-        return self.keys.nbytes + self.values.nbytes
+        """Bytes of the storage its tensors hold (more than their own size where they are views
+        of a larger buffer, ``prefix_reuse``'s hand-off of a call's pool)."""
+        return self.keys.untyped_storage().nbytes() + self.values.untyped_storage().nbytes()
 
     @property
     def row_bytes(self) -> int:
         """Bytes one position takes (keys and values of every layer)."""
-        return self.nbytes // max(1, self.tokens.shape[0])
+        return (self.keys.nbytes + self.values.nbytes) // max(1, self.tokens.shape[0])
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:

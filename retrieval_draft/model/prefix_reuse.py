@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from retrieval_draft.model.tree_model import TreeModel
 
 
+HANDOFF_SLACK = 0.25  # spare pool positions (a share of the rows) up to which a one-row pool is kept, not copied
+
+
 @dataclass(frozen=True)
 class RowSeed:
     """Known rows of one batch row: positions 0..count-1 of keys (layers, H_kv, >= count, d_k)
@@ -82,14 +85,13 @@ class PrefixReuse:
     ``note``: why this call starts from nothing in ``cache`` (reuse off, a layout), or None.
     ``caller_cache``: a cache the caller passed to ``generate`` (``given_cache``), whose rows
     ``given`` (one seed or None per row, ``given_cache.given_seeds``) take precedence, or None.
-    ``reserve``: positions to allocate per row beyond the prompt (new tokens and one tree)."""
+    The seeded cache holds the prompt plus ``TreeModel.reserve`` positions per row."""
 
     def __init__(self, cache: PrefixCache, note: str | None, given: list[RowSeed | None] | None = None,
-                 reserve: int = 0, caller_cache=None) -> None:
+                 caller_cache=None) -> None:
         self.cache = cache
         self.note = note
         self.given = given
-        self.reserve = reserve
         self.caller_cache = caller_cache
         self.report = ReuseReport(note=note)
         self._origin: list[int] = [0]  # current batch position -> original row (set at the prefill)
@@ -125,7 +127,7 @@ class PrefixReuse:
         new = real - reused
         first, width = int(reused.max()), int(new.max())
         visible, slot_pos, tokens, positions = _layout(input_ids.numpy(), real, reused, first, width)
-        cache, pool = _seeded_cache(seeds, first, first + width + self.reserve, rows)
+        cache, pool = _seeded_cache(seeds, first, first + width + (model.reserve or 0), rows)
         slots = RowSlots(visible, slot_pos)
         out = _forward(model, cache, tokens, positions, visible, slot_pos, slots.dense, first)
         model.cache, model.pools, model.slots = cache, [pool], slots
@@ -197,12 +199,13 @@ def _seeded_cache(seeds: list[RowSeed | None], first: int, capacity: int, rows: 
     capacity = max(capacity, MIN_CAPACITY)
     keys = sample.keys.new_empty((layers, rows, heads, capacity, key_dim))
     values = sample.values.new_empty((layers, rows, heads, capacity, sample.values.shape[-1]))
-    keys[..., :first, :].zero_()
-    values[..., :first, :].zero_()
     for row, seed in enumerate(seeds):
-        if seed is not None:
-            keys[:, row, :, first - seed.count : first].copy_(seed.keys[:, :, : seed.count])
-            values[:, row, :, first - seed.count : first].copy_(seed.values[:, :, : seed.count])
+        count = 0 if seed is None else seed.count
+        keys[:, row, :, : first - count].zero_()
+        values[:, row, :, : first - count].zero_()
+        if count:
+            keys[:, row, :, first - count : first].copy_(seed.keys[:, :, :count])
+            values[:, row, :, first - count : first].copy_(seed.values[:, :, :count])
     cache = growing_cache()
     cache.layers = [GrowingLayer() for _ in range(layers)]
     for layer in cache.layers:
@@ -240,11 +243,15 @@ def _forward(model: "TreeModel", cache, tokens, positions, visible, slot_pos, de
 
 
 def _row_rows(model: "TreeModel", position: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Copies of batch row ``position``'s kept rows in position order: keys (layers, H_kv, n, d_k)
-    and values (layers, H_kv, n, d_v), n = the row's kept tokens."""
+    """Batch row ``position``'s kept rows in position order: keys (layers, H_kv, n, d_k) and values
+    (layers, H_kv, n, d_v), n = the row's kept tokens. Copies, except for a pool of one row whose
+    spare capacity is at most ``HANDOFF_SLACK`` of n: then views of the pool itself (the call is
+    over and its model dropped, so nothing writes it again; the cache counts its whole storage)."""
     pool, slots = model.pools[0], model.slots
     count = int(slots.next_pos[position])
     keys, values = pool.keys[:, position], pool.values[:, position]
+    if slots.dense and pool.keys.shape[1] == 1 and pool.capacity <= count * (1 + HANDOFF_SLACK):
+        return keys[:, :, :count], values[:, :, :count]
     if slots.dense:
         return keys[:, :, :count].clone(), values[:, :, :count].clone()
     index = torch.from_numpy(np.flatnonzero(slots.visible[position])[:count]).to(keys.device)

@@ -76,8 +76,12 @@ class TreeModel:
         (default ``SKINNY_ROWS``; ``VerifyCost.skinny_sizes`` holds the measured choice).
         ``grouped_attention``: tree forwards read grouped-query KV heads in place
         (``tree_attention``); the attribute of that name can be switched later.
-        The attribute ``reuse`` (None) may be set to the call's ``PrefixReuse`` before the prefill:
-        the prefill then starts from known KV rows (``prefix_reuse``)."""
+        Two attributes may be set before the prefill: ``reuse`` (None), the call's ``PrefixReuse``,
+        to start from known KV rows (``prefix_reuse``); ``reserve`` (None), the positions per row
+        decoding may add (new tokens and one tree), allocated with the prompt's so the cache is
+        copied once (None: buffers of twice the prompt)."""
+        self.reuse: PrefixReuse | None = None
+        self.reserve: int | None = None
         self.layout = attention_layout(model)
         self.model = model
         self.device = next(model.parameters()).device
@@ -91,7 +95,6 @@ class TreeModel:
         self.cache = self._fresh_cache()
         self.pools: list[KVPool] = []  # the cache's layers pooled after each prefill (``kv_cache.pooled``)
         self.slots = RowSlots.empty()
-        self.reuse: PrefixReuse | None = None
 
     @property
     def rows(self) -> int:
@@ -218,7 +221,7 @@ class TreeModel:
         return order
 
     def _fresh_cache(self):
-        return model_cache(self.model.config, bool(self.layout.own_cache_kinds))
+        return model_cache(self.model.config, bool(self.layout.own_cache_kinds), self.reserve)
 
     @staticmethod
     def _pack(trees: list[DraftTree], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
