@@ -206,10 +206,10 @@ def _step(run: _Run, rows: list[_Row]) -> None:
     drafted = clock()
     roots = [int(row.context[row.emitted - 1]) for row in rows]
     cache_len = model.length
-    trees = [model.verifiable(tree) for tree in planner.plan(roots, drafts, cache_len)]
-    matmul = planner.matmul_sizes()
-    if matmul is not None:
-        model.skinny_sizes = matmul
+    plan = planner.plan(roots, drafts, cache_len)
+    trees = [model.verifiable(tree) for tree in plan.trees]
+    if plan.matmul_sizes is not None:
+        model.skinny_sizes = plan.matmul_sizes
     planned = clock()
     packed = model.pack(trees)
     launched = clock()
@@ -222,7 +222,7 @@ def _step(run: _Run, rows: list[_Row]) -> None:
     verdicts = _verify(trees, row_logits, rows, options)
     read = clock()
     forward_seconds = timer.seconds()  # after the verdicts' host read: no extra wait
-    planner.observe_forward(len(rows), len(rows) * width, forward_seconds, cache_len)
+    planner.observe_forward(len(rows), len(rows) * width, forward_seconds, cache_len, plan)
     model.keep([np.concatenate([[0], verdict.accepted]) for verdict in verdicts])
     truths = []
     for tree, row, verdict, tree_logits in zip(trees, rows, verdicts, row_logits):
@@ -233,7 +233,7 @@ def _step(run: _Run, rows: list[_Row]) -> None:
         stats.step_tokens += row.emitted - before
         if row.sinks.on_logits is not None:
             row.sinks.on_logits(emitted_rows(tree_logits, verdict, row.emitted - before), row.padded())
-    planner.observe(drafts, truths, planned - started, asked)
+    planner.observe(drafts, truths, planned - started, asked, plan)
     stats.draft_s += drafted - started
     stats.plan_s += planned - drafted
     stats.pack_s += launched - planned

@@ -39,7 +39,7 @@ from retrieval_draft.planning.cost import VerifyCost
 from retrieval_draft.planning.timing import ForwardTimer
 
 # Probed tree sizes: sizes between probes are interpolated, larger ones extrapolated
-# (``planner.extended_cost``), and ``ObservedCost`` corrects the curve from the forwards decoding
+# (``sizer.extended_cost``), and ``ObservedCost`` corrects the curve from the forwards decoding
 # times, per band of cache length too.
 PROBE_SIZES = (1, 2, 4, 8, 16, 32)
 PROBE_CACHE_LEN = 64  # ``measure_cost``'s prompt, in tokens

@@ -191,9 +191,9 @@ class FixedTimer:
 
 
 class RecordingPlanner(TreePlanner):
-    def observe_forward(self, rows: int, tokens: int, seconds: float, cache_len: int = 0) -> None:
+    def observe_forward(self, rows: int, tokens: int, seconds: float, cache_len: int = 0, plan=None) -> None:
         self.seen = getattr(self, "seen", []) + [seconds]
-        super().observe_forward(rows, tokens, seconds, cache_len)
+        super().observe_forward(rows, tokens, seconds, cache_len, plan)
 
 
 def test_decoding_and_cost_measurement_time_forwards_with_the_device_timer(tiny_llama, monkeypatch):

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from retrieval_draft.planning.cost import VerifyCost
-from retrieval_draft.planning.planner import TreePlanner, extended_cost
+from retrieval_draft.planning.planner import TreePlanner
+from retrieval_draft.planning.sizer import extended_cost
 
 # The CPU curve of DESIGN.md (ms by new tokens): forwards over 16 tokens cost two single steps.
 CPU = VerifyCost.from_points([1, 2, 4, 8, 16, 32, 64], [34, 37, 52, 61, 67, 83, 120], max_nodes=64)
@@ -48,7 +49,8 @@ def test_without_a_cost_curve_every_row_takes_its_budget():
 def test_a_batchs_forward_times_correct_batches_only_and_outlive_the_planner():
     """One correction table for one and many rows, kept by whoever shares it (the plugin: the model's)."""
     from retrieval_draft.planning.cost import ObservedCost, VerifyCost
-    from retrieval_draft.planning.planner import TreePlanner, extended_cost
+    from retrieval_draft.planning.planner import TreePlanner
+    from retrieval_draft.planning.sizer import extended_cost
 
     curve = VerifyCost.from_points([1, 2, 64], [0.030, 0.040, 0.120])
     shared = ObservedCost()
@@ -57,7 +59,7 @@ def test_a_batchs_forward_times_correct_batches_only_and_outlive_the_planner():
         first.observe_forward(8, 8 * 5, 0.300)  # 8 rows read 8 caches: slower than 40 tokens of one row
         first.observe_forward(1, 5, float(curve.seconds[5]))  # one row runs as measured
     later = TreePlanner(tree_budget=8, cost=curve, observed=shared)
-    assert later.observed.apply(extended_cost(curve, 8 * 9), rows=8).seconds[40] == pytest.approx(0.300)  # 8 full trees
-    assert later.observed.apply(curve, rows=1).seconds[5] == pytest.approx(curve.seconds[5])
+    assert later.sizer.observed.apply(extended_cost(curve, 8 * 9), rows=8).seconds[40] == pytest.approx(0.300)  # 8 full trees
+    assert later.sizer.observed.apply(curve, rows=1).seconds[5] == pytest.approx(curve.seconds[5])
     probs = [np.full(8, 0.3)] * 8
     assert later.width(probs) < TreePlanner(tree_budget=8, cost=curve).width(probs)

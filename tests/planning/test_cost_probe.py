@@ -109,9 +109,10 @@ def test_a_planner_verifies_the_probed_sizes_and_routes_each_through_the_probed_
     seen = []
     for _ in range(20):
         wanted = probe.pending()
-        tree = planner.plan([1], candidates(8))[0]
-        seen.append((wanted, tree.size, planner.matmul_sizes()))
-        planner.observe_forward(1, tree.size, 0.01 * tree.size + (0.005 if wanted.kernel else 0.02))
+        plan = planner.plan([1], candidates(8))
+        tree = plan.trees[0]
+        seen.append((wanted, tree.size, plan.matmul_sizes))
+        planner.observe_forward(1, tree.size, 0.01 * tree.size + (0.005 if wanted.kernel else 0.02), plan=plan)
         if planner.probe is None:
             break
     assert probe.complete and planner.probe is None and planner.cost is not None
@@ -119,10 +120,10 @@ def test_a_planner_verifies_the_probed_sizes_and_routes_each_through_the_probed_
         assert size == wanted.tokens  # each step verified the forward the probe wanted
         assert (size in matmul) == wanted.kernel
     # done: the curve's own paths (the kernel won everywhere here), and its forwards now correct it
-    planner.plan([1], candidates(8))
-    assert planner.matmul_sizes() == planner.cost.skinny_sizes and 4 in planner.cost.skinny_sizes
-    planner.observe_forward(1, 3, 0.5)
-    assert planner.observed.count.sum() == 1
+    plan = planner.plan([1], candidates(8))
+    assert plan.matmul_sizes == planner.cost.skinny_sizes and 4 in planner.cost.skinny_sizes
+    planner.observe_forward(1, 3, 0.5, plan=plan)
+    assert planner.sizer.observed.count.sum() == 1
 
 
 def test_a_step_whose_candidates_cannot_fill_the_probe_is_planned_and_not_recorded():
@@ -130,9 +131,10 @@ def test_a_step_whose_candidates_cannot_fill_the_probe_is_planned_and_not_record
     probe.record(probe.pending(), 0.05)  # size 1 timed
     probe.record(probe.pending(), 0.05)  # and the lone root beside 8: 8 is next
     planner = TreePlanner(tree_budget=8, probe=probe)
-    tree = planner.plan([1], candidates(3))[0]
-    assert tree.size <= 4 and planner.matmul_sizes() is None
-    planner.observe_forward(1, tree.size, 9.0)
+    plan = planner.plan([1], candidates(3))
+    tree = plan.trees[0]
+    assert tree.size <= 4 and plan.matmul_sizes is None and plan.probing is None
+    planner.observe_forward(1, tree.size, 9.0, plan=plan)
     assert probe.pending() == Probe(8, False, TIME) and probe.plain == {1: 0.05}
 
 
@@ -140,16 +142,17 @@ def test_a_budget_below_the_probes_sizes_stops_probing_and_lets_decoding_correct
     probe = CostProbe(sizes=(1, 2, 4, 8, 16, 32), kernel_possible=False)
     planner = TreePlanner(tree_budget=6, probe=probe)  # trees of 7 nodes at most: 8, 16 and 32 never fit
     for _ in range(10):
-        tree = planner.plan([1], candidates(8))[0]
-        planner.observe_forward(1, tree.size, 0.01 * tree.size)
+        plan = planner.plan([1], candidates(8))
+        tree = plan.trees[0]
+        planner.observe_forward(1, tree.size, 0.01 * tree.size, plan=plan)
         if planner.probe is None:
             break
     assert planner.probe is None and sorted(probe.plain) == [1, 2, 4] and not probe.complete
     assert planner.cost.max_nodes == 4
-    before = planner.observed.count.sum()
-    tree = planner.plan([1], candidates(8))[0]
-    planner.observe_forward(1, tree.size, 0.5)
-    assert planner.observed.count.sum() == before + 1  # decoding's forwards now correct the curve
+    before = planner.sizer.observed.count.sum()
+    plan = planner.plan([1], candidates(8))
+    planner.observe_forward(1, plan.trees[0].size, 0.5, plan=plan)
+    assert planner.sizer.observed.count.sum() == before + 1  # decoding's forwards now correct the curve
 
 
 class SteadyTimer:

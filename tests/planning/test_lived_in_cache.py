@@ -127,7 +127,7 @@ def test_a_plausible_but_too_dear_stored_curve_is_corrected_within_two_calls_and
     assert plausible(dear)
     write_cost(cost_path(key), key, dear)
     memory = PluginMemory()
-    per_call = [nodes_per_step(model, prompt, reference, memory) for _ in range(6)]
+    per_call = [nodes_per_step(model, prompt, reference, memory) for _ in range(4)]  # 2-3 forwards each
     assert min(per_call[1:]) > 4.0, per_call
     memory.save_learned(model, force=True)
     later = PluginMemory()  # the next process reads what this one kept (a corrected or re-measured curve)

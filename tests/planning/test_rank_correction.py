@@ -5,7 +5,8 @@ import numpy as np
 from retrieval_draft.draft import Draft
 from retrieval_draft.planning.calibration import RankCorrection
 from retrieval_draft.planning.cost import VerifyCost
-from retrieval_draft.planning.planner import TreePlanner, _confirmed
+from retrieval_draft.planning.grader import confirmed_nodes
+from retrieval_draft.planning.planner import TreePlanner
 
 
 def test_the_steps_tokens_confirm_refute_or_leave_undecided_each_candidate_node():
@@ -13,7 +14,7 @@ def test_the_steps_tokens_confirm_refute_or_leave_undecided_each_candidate_node(
     tokens = np.array([1, 5, 6, 7, 9, 4, 8])
     parents = np.array([-1, 0, 1, 0, 1, 4, 3])
     depths = np.array([0, 1, 2, 1, 2, 3, 2])
-    decided, confirmed = _confirmed(tokens, parents, depths, np.array([5, 9]))
+    decided, confirmed = confirmed_nodes(tokens, parents, depths, np.array([5, 9]))
     assert confirmed.tolist() == [True, True, False, False, True, False, False]
     # 4 lies below the bonus token, which the model's tokens say nothing after; 8 lies below refuted 7
     assert decided.tolist() == [True, True, True, True, True, False, True]
@@ -35,9 +36,7 @@ def test_a_planner_that_saw_its_lower_ranks_fail_verifies_a_smaller_tree():
     fresh = TreePlanner(tree_budget=16, cost=curve)
     taught = TreePlanner(tree_budget=16, cost=curve)
     for _ in range(300):
-        taught.plan([1], [drafts])
-        full = taught.candidates(1, drafts)
-        order = np.argsort(-full.probs[1:], kind="stable") + 1
-        taught.grade_ranks(full, order, np.array([10, 3]))  # only the first guess ever holds
-    assert taught.plan([1], [drafts])[0].size < fresh.plan([1], [drafts])[0].size
-    assert taught.plan([1], [drafts])[0].size >= 2  # the reliable node stays
+        (full, order), = taught.plan([1], [drafts]).candidates
+        taught.grader.grade_ranks(full, order, np.array([10, 3]))  # only the first guess ever holds
+    assert taught.plan([1], [drafts]).trees[0].size < fresh.plan([1], [drafts]).trees[0].size
+    assert taught.plan([1], [drafts]).trees[0].size >= 2  # the reliable node stays

@@ -46,7 +46,8 @@ import torch
 from retrieval_draft.config import DEFAULTS
 from retrieval_draft.planning.cost import VerifyCost
 from retrieval_draft.planning.cost_probe import time_chain
-from retrieval_draft.planning.planner import TreePlanner, extended_cost
+from retrieval_draft.planning.planner import TreePlanner
+from retrieval_draft.planning.sizer import extended_cost
 from tools.bench.gpu_projection import add_run_arguments, load_run, run_systems, write_report
 from tools.bench.run import encode
 
@@ -115,10 +116,10 @@ class TablePlanner(TreePlanner):
         self.table = table
         self.modelled_s = 0.0
 
-    def observe_forward(self, rows: int, tokens: int, seconds: float, cache_len: int = 0) -> None:
+    def observe_forward(self, rows: int, tokens: int, seconds: float, cache_len: int = 0, plan=None) -> None:
         modelled = self.table.at(tokens, cache_len)
         self.modelled_s += modelled
-        super().observe_forward(rows, tokens, modelled, cache_len)
+        super().observe_forward(rows, tokens, modelled, cache_len, plan)
 
 
 def hf_modelled_s(table: ForwardTable, prompts: list[torch.Tensor], outputs: list[torch.Tensor], host_ms: float) -> float:
