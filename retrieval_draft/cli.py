@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from pathlib import Path
 
 from retrieval_draft.config import DEFAULTS
-from retrieval_draft.drafters.registry import DRAFTERS, STORE_DRAFTERS
+from retrieval_draft.drafters.registry import DRAFTERS, STORE_DRAFTERS, known_names
 from retrieval_draft.errors import InvalidInputError, RetrievalDraftError
 
 # generate's numeric flags: (flag, argparse attribute, valid?, the rule in words); unset (None) is fine.
@@ -62,9 +63,15 @@ def add_generate(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run a parsed subcommand; errors we raise on purpose print as one line and return 2."""
+    """Run a parsed subcommand; errors we raise on purpose print as one line and return 2; a reader
+    that stops early (``retrieval-draft stats S | head``) ends it quietly with 141, as SIGPIPE would."""
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader gone fails here, not in the interpreter's flush at exit
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141
     except RetrievalDraftError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -76,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
 def run_generate(args: argparse.Namespace) -> int:
     """Generate once (and, with --compare, side by side with plain HF generate)."""
     _check_numbers(args)
+    _check_drafters(args)
     prompt = args.prompt if args.prompt is not None else open(args.prompt_file, encoding="utf-8").read()
     if not prompt.strip():
         raise InvalidInputError("the prompt is empty")
@@ -131,6 +139,18 @@ def _check_numbers(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and not valid(value):
             raise InvalidInputError(f"{flag} must be {rule}, got {value}")
+
+
+def _check_drafters(args: argparse.Namespace) -> None:
+    """InvalidInputError for an unknown ``--drafters`` name, or a store drafter with no ``--datastore``,
+    before anything is loaded."""
+    names = [name.strip() for name in args.drafters.split(",") if name.strip()]
+    if names == ["all"]:
+        return
+    known_names(names)
+    needs_store = [name for name in names if name in STORE_DRAFTERS]
+    if needs_store and not args.datastore:
+        raise InvalidInputError(f"--drafters {','.join(needs_store)} needs a datastore (--datastore DIR)")
 
 
 def _stats_line(stats: dict) -> str:

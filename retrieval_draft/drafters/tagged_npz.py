@@ -37,6 +37,8 @@ def load_tagged(path: str | Path, names: tuple[str, ...], version: int, error: t
     """
     from retrieval_draft.store.tokenizer import tokenizer_fingerprint
 
+    if Path(path).is_file() and not zipfile.is_zipfile(path):  # np.load would try it as a pickle
+        raise error(f"{path} is not a readable {what} (not an .npz archive)")
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {name: data[name] for name in names}
