@@ -66,3 +66,22 @@ def test_recovered_compares_the_last_half_of_the_calls_with_the_fresh_cache():
 def test_an_unknown_condition_is_refused_before_any_model_loads():
     with pytest.raises(SystemExit, match="unknown conditions"):
         main(["--conditions", "fresh,stale"])
+
+
+def test_a_fresh_bench_cache_holds_no_planning_records_but_links_the_kept_models(tmp_path, monkeypatch):
+    from retrieval_draft.cache_dir import CACHE_ENV, cache_root
+    from retrieval_draft.planning.cost_file import cost_key, cost_path, write_cost
+    from tests.conftest import make_tiny_llama
+    from tools.bench.cache_state import describe, planning_records, use_fresh_cache
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "user"))
+    (tmp_path / "user" / "gguf-converted").mkdir(parents=True)
+    model = make_tiny_llama(seed=61)
+    write_cost(cost_path(cost_key(model)), cost_key(model), VerifyCost.from_points([1, 64], [0.01, 0.02]))
+    lived = planning_records(model, "user")
+    assert lived["curve"]["used"] and lived["curve"]["origin"] == "measured" and lived["curve"]["age_h"] < 1
+    assert describe(lived).startswith("user cache: lived-in") and "used" in describe(lived)
+    fresh = use_fresh_cache()
+    assert cache_root() == fresh and (fresh / "gguf-converted").is_symlink()
+    state = planning_records(model, "fresh")
+    assert state["curve"] is None and not state["rates_stored"] and describe(state).startswith("user cache: fresh")

@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from retrieval_draft.atomic import atomic_path, atomic_write_bytes
+from tools.bench.cache_state import describe
 from tools.bench.fresh import fresh_section
 
 OVERALL = "overall"
@@ -295,6 +296,7 @@ def markdown(result: dict) -> str:
             "",
             f"- machine: {m['cpu']}, {m['cores']} cores{', ' + m['gpu'] if m.get('gpu') else ''}, torch threads {m['torch_threads']}; "
             f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}; {m['date']}",
+            f"- {describe(result.get('cache'))}",
             f"- 1-minute load average during the timed runs {_load_range(result)} (our own threads count); "
             f"environment {m['env'] or 'no OMP/MKL variables'}{_busy_note(result)}",
             f"- model: {Path(c['model']).name} on {_device(c)}; {c['max_new_tokens']} new tokens; {c['repeats']} repeats (median), "

@@ -4,6 +4,7 @@
                           [--max-new-tokens N] [--repeats N] [--prefill-tries N] [--prompts N] [--history FILE]
                           [--workloads a,b] [--systems a,b] [--sampling] [--[no-]fresh-process]
                           [--device cuda --dtype bfloat16] [--save-prompts FILE | --prompts-from FILE]
+                          [--cache user|fresh]
 
 What is measured: the wall time of single ``model.generate`` calls, called as
 users call them. Our README systems (``bench_systems``) pass exactly the
@@ -14,7 +15,9 @@ repository-completion workloads (``--workloads repo``: ``repo_raw``, ``repo_chat
 it passes ``datastore=[REPO_STORE, PATH]``, the prompt package's store without the
 held-out file (``bench_repo_workloads``; built before timing, opened inside it).
 One-off costs of ours (measuring or loading the cost curve, opening the
-store) fall inside the timed calls that meet them first; the only untimed
+store) fall inside the timed calls that meet them first; the report states what the user cache
+held for the model when the run began (``--cache fresh``: a folder of its own with no planning
+records; the default plans from the user's cache as it is: ``cache_state``); the only untimed
 warm-up is one plain HF greedy ``generate`` of 8 tokens (torch's first-call
 set-up, which every system would otherwise charge to whichever runs first).
 Diagnostic systems pass explicit ``drafters=`` (prompt lookup alone, a warm
@@ -64,6 +67,7 @@ from pathlib import Path
 import torch
 
 from retrieval_draft.atomic import atomic_write_bytes
+from tools.bench.cache_state import CACHE_MODES, planning_records, use_fresh_cache
 from tools.bench.exactness import near_tie_verdicts
 from tools.bench.fresh import fresh_geomean, fresh_process_rows, readme_call
 from tools.bench.report import derive, load_average, machine_info, markdown, plot
@@ -120,6 +124,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="prompt subset and sampling seed")
     p.add_argument("--device", default="cpu", help="torch device to time on (cpu, cuda); the fresh processes are CPU only")
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="the model's dtype (default float32)")
+    p.add_argument("--cache", default="user", choices=CACHE_MODES,
+                   help="plan from the user's cache as earlier runs left it (user, the default) or from a fresh one (fresh)")
     prompts = p.add_mutually_exclusive_group()
     prompts.add_argument("--save-prompts", type=Path, help="write the selected workloads' prompts to this JSON file and stop")
     prompts.add_argument("--prompts-from", type=Path, help="time the prompts of a --save-prompts file instead of building them")
@@ -295,6 +301,8 @@ def run(args: argparse.Namespace) -> dict:
     from retrieval_draft.session import load_session
 
     torch.set_num_threads(args.threads)
+    if args.cache == "fresh":
+        use_fresh_cache()
     session = load_session(args.model)
     session.model.to(device=args.device, dtype=DTYPES[args.dtype])
     if args.prompts_from is not None:
@@ -305,6 +313,7 @@ def run(args: argparse.Namespace) -> dict:
     prompts = [p for group in workloads.values() for p in group]
     encoded = [encode(session, p).to(args.device) for p in prompts]
     machine = machine_info()
+    cache = planning_records(session.model, args.cache)
     started = time.perf_counter()
     warm_up(session, args, encoded[0])
     handles = ModelHandles(session.model)
@@ -315,7 +324,7 @@ def run(args: argparse.Namespace) -> dict:
         runs.extend(records)
         heads.append(session.decode_new(ids, hf_out)[:OUTPUT_HEAD_CHARS])
     machine["load_avg_end"] = load_average()
-    result = {"machine": machine, "config": run_config(args), "unavailable": unavailable}
+    result = {"machine": machine, "config": run_config(args), "unavailable": unavailable, "cache": cache}
     result["command"] = " ".join(["python", "-m", "tools.bench", *sys.argv[1:]])
     result["labels"] = {name: SYSTEMS[name].label for name in args.systems}
     result["labels"]["hf"] = "HF " + (f"sampling T={args.temperature}" if args.sampling else "greedy") + " generate"
