@@ -39,8 +39,12 @@ def prompt(tmp_path_factory) -> str:
 def requests(monkeypatch) -> list:
     """The ``GenerationRequest`` of every generation the program runs, in order."""
     seen, real = [], Session.generate_ids
-    monkeypatch.setattr(Session, "generate_ids",
-                        lambda self, ids, request, streamer=None: seen.append(request) or real(self, ids, request, streamer))
+
+    def spy(self, ids, request, streamer=None):
+        seen.append(request)
+        return real(self, ids, request, streamer)
+
+    monkeypatch.setattr(Session, "generate_ids", spy)
     return seen
 
 
