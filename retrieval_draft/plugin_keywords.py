@@ -103,8 +103,8 @@ def drafter_rows(drafters, rows: int) -> tuple[list[list[Drafter]] | None, tuple
     )
     if not per_row:
         raise InvalidInputError(
-            f"drafters= takes drafter names ({', '.join(DRAFTERS)}), Drafter instances, or one list of "
-            f"instances per row ({rows} rows); got {_described(drafters)}"
+            f"drafters= takes drafter names ({', '.join(DRAFTERS)}), Drafter instances, or one list per row "
+            f"({rows} rows) of instances; got {_described(drafters)}"
         )
     return [list(row) for row in items], None
 
