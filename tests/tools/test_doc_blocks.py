@@ -24,7 +24,6 @@ import argparse
 import ast
 import contextlib
 import io
-import os
 import re
 import runpy
 import shlex
