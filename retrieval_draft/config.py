@@ -10,6 +10,7 @@ command line reads this module without torch.
 from __future__ import annotations
 
 import numbers
+from types import MappingProxyType
 from dataclasses import dataclass, fields
 
 from retrieval_draft.errors import InvalidInputError
@@ -50,8 +51,8 @@ def _seed(name: str, value) -> int | None:
     return None if value is None else _integer(name, value, *SEED_RANGE, shown="None or an integer in -2**63..2**64-1")
 
 
-# setting -> its check, which returns the value normalised (numpy scalars to Python ones)
-_CHECKS = {
+# setting -> its check, which returns the value normalised (numpy scalars to Python ones); read-only
+_CHECKS = MappingProxyType({
     "tree_budget": lambda name, value: _integer(name, value, 0, MAX_TREE_BUDGET),
     "max_draft_len": lambda name, value: _integer(name, value, 1, MAX_DRAFT_LEN),
     "adaptive_tree": _flag,
@@ -59,7 +60,7 @@ _CHECKS = {
     "draft_seed": _seed,
     "prefix_cache_bytes": lambda name, value: _integer(name, value, 0, MAX_PREFIX_CACHE_BYTES,
                                                        shown="an integer number of bytes >= 0 (0 turns reuse off)"),
-}
+})
 
 
 def check_setting(name: str, value):
