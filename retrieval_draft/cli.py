@@ -44,7 +44,8 @@ def add_generate(sub) -> None:
         "(e.g. a repo store and a general store)",
     )
     gen.add_argument(
-        "--drafters", default="all", help=f"comma list of {','.join(DRAFTERS)} or 'all' (prompt + datastore drafters)"
+        "--drafters", default="all", help=f"comma list of {','.join(DRAFTERS)} or 'all' (the plugin's default menu: prompt, the datastores' "
+        "drafters, history, recycle)"
     )
     gen.add_argument(
         "--history",
@@ -96,9 +97,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
     sampling = {k: v for k, v in (("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p)) if v is not None}
     drafters = args.drafters
-    if args.history and "history" not in drafters.split(","):
-        drafters = ",".join(["prompt", *(STORE_DRAFTERS if args.datastore else ())]) if drafters == "all" else drafters
-        drafters += ",history"
+    if args.history and drafters != "all" and "history" not in drafters.split(","):
+        drafters += ",history"  # 'all' (the plugin's menu) drafts from the history already
     request = GenerationRequest(
         prompt=prompt,
         chat=args.chat,

@@ -17,7 +17,7 @@ from retrieval_draft.config import DEFAULTS
 from retrieval_draft.decode.stats import DecodeStats
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
-from retrieval_draft.drafters.registry import STORE_DRAFTERS, DraftSources, make_drafters
+from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.hf import generate as plugin_generate
 from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
@@ -45,8 +45,7 @@ class Session:
     outlives single calls.
 
     ``history`` is the model's output history in ``memory``: it learns from every
-    generation that names it (drafter spec ``history``); 'all' leaves it out so
-    runs stay independent.
+    generation that drafts from it (the drafter spec ``history``, or 'all', the plugin's own menu).
     """
 
     model: torch.nn.Module
@@ -78,12 +77,12 @@ class Session:
 
     def drafters(self, spec: str) -> list[Drafter]:
         """Drafters named by ``spec``: a comma list of registry names (``drafters.registry``),
-        or 'all' (prompt lookup plus every datastore's drafters)."""
+        or 'all': the plugin's default menu (``registry.default_names``: prompt lookup, every
+        datastore's drafters, the output history, logits recycling), so the command line and
+        ``--compare`` run what ``model.generate(custom_generate=...)`` runs."""
         names = [n.strip() for n in spec.split(",") if n.strip()]
-        if names == ["all"]:
-            names = ["prompt", *(STORE_DRAFTERS if self.stores else ())]
         sources = DraftSources(stores=self.stores, history=self.history, recycled=self.memory.recycled(self.model))
-        return make_drafters(names, sources)
+        return make_drafters(default_names(sources) if names == ["all"] else names, sources)
 
     def generate_ids(self, input_ids: torch.Tensor, request: GenerationRequest, streamer=None):
         """Our generation: returns (sequence of shape (1, L + m), DecodeStats, wall seconds)."""
