@@ -58,16 +58,21 @@ def _yes_no(flag: bool | None) -> str:
     return "n/a (sampling: each run draws its own sample)" if flag is None else ("yes" if flag else "no")
 
 
+WARMUP_PROMPT = "Say hello."
+
+
 def compare_with_plain(session: Session, request: GenerationRequest, warmup: bool = True) -> Comparison:
     """Run plain HF generate and ours on ``request``; greedy outputs must match.
 
     Under sampling the two draw different samples, so ``identical`` is None.
     """
     input_ids = session.encode(request)
-    if warmup:
-        short = GenerationRequest(**{**request.__dict__, "max_new_tokens": 4})
-        session.plain_ids(input_ids, short)
-        session.generate_ids(input_ids, short)
+    if warmup:  # torch's and the plugin's first-call set-up, on another prompt: the request's own
+        # would be in the output history and the prefix cache when it runs
+        short = GenerationRequest(**{**request.__dict__, "prompt": WARMUP_PROMPT, "max_new_tokens": 4})
+        warm_ids = session.encode(short)
+        session.plain_ids(warm_ids, short)
+        session.generate_ids(warm_ids, short)
     prefill = min(session.prefill_seconds(input_ids) for _ in range(3))
     plain, plain_s = session.plain_ids(input_ids, request)
     ours, stats, ours_s = session.generate_ids(input_ids, request)
