@@ -131,7 +131,7 @@ def cmd_build(args) -> int:
     if args.engine == "local" and (args.address or args.workers):
         raise InvalidInputError("--address and --workers need --engine ray")
     if args.engine == "ray":
-        from retrieval_draft_datastore.ray_build import check_address
+        from retrieval_draft_datastore.ray_run import check_address
 
         check_address(args.address)
     if args.shard_tokens is not None:

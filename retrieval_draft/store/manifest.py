@@ -94,3 +94,31 @@ def verify_files(directory: Path, manifest: dict, names: tuple[str, ...] = DATA_
         path = Path(directory) / name
         if file_sha256(path) != manifest["files"][name].get("sha256"):
             raise CorruptDatastoreError(f"{name}: sha256 mismatch (corrupt file)")
+
+
+class ManifestFields:
+    """What a store's manifest says, read the same way for a flat store and a sharded one: the class
+    that mixes this in holds the parsed manifest as ``manifest``."""
+
+    manifest: dict
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.manifest["tokenizer"]["vocab_size"])
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.manifest["tokenizer"]["fingerprint"])
+
+    @property
+    def separator(self) -> int:
+        return int(self.manifest["storage"]["separator_id"])
+
+    @property
+    def key_width(self) -> int:
+        return int(self.manifest["storage"]["trie_key_width"])
+
+    @property
+    def params(self) -> dict:
+        return dict(self.manifest["params"])
+

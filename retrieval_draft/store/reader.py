@@ -21,7 +21,7 @@ from retrieval_draft.store.arrow_io import read_table
 from retrieval_draft.store.layout import (
     NGRAM, PACKED_SINCE, SHARDED_VERSION, SUFFIX_ARRAY, SUFFIX_RANGES, TOKENS, TRIE, separator_id, token_dtype,
 )
-from retrieval_draft.store.manifest import check_sizes, read_manifest, verify_files
+from retrieval_draft.store.manifest import ManifestFields, check_sizes, read_manifest, verify_files
 from retrieval_draft.store.packed import max_position, packed_words, position_bits, unpack_positions
 from retrieval_draft.store.suffix_trie import key_width, load_trie
 
@@ -72,7 +72,7 @@ class NgramTable:
 
 
 @dataclass(frozen=True)
-class Datastore:
+class Datastore(ManifestFields):
     """A validated datastore: manifest plus memory-mapped arrays and the loaded trie."""
 
     path: Path
@@ -84,26 +84,6 @@ class Datastore:
     range_hi: np.ndarray  # (K,) uint32
     trie: datrie.BaseTrie
     ngrams: NgramTable
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.manifest["tokenizer"]["vocab_size"])
-
-    @property
-    def fingerprint(self) -> str:
-        return str(self.manifest["tokenizer"]["fingerprint"])
-
-    @property
-    def separator(self) -> int:
-        return int(self.manifest["storage"]["separator_id"])
-
-    @property
-    def key_width(self) -> int:
-        return int(self.manifest["storage"]["trie_key_width"])
-
-    @property
-    def params(self) -> dict:
-        return dict(self.manifest["params"])
 
     def suffix_array(self) -> np.ndarray:
         """The suffix array unpacked, (T,) uint32 (a copy for v3 stores: for tools and tests)."""
@@ -143,10 +123,7 @@ def _check_storage(manifest: dict) -> np.dtype:
         int(params["max_order"]), int(params["top_k"]), int(manifest["stats"]["tokens"])
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptDatastoreError(f"manifest is missing or has a bad field ({exc})") from exc
-    if storage.get("dtype") != dtype.name or storage.get("separator_id") != separator_id(dtype):
-        raise CorruptDatastoreError("manifest storage dtype/separator do not match its vocabulary size")
-    if storage.get("trie_key_width") != key_width(vocab_size):
-        raise CorruptDatastoreError("manifest trie key width does not match its vocabulary size")
+    check_storage(storage, vocab_size)
     if storage.get("count_dtype", "uint32") not in ("uint16", "uint32"):
         raise CorruptDatastoreError(f"manifest count dtype {storage.get('count_dtype')!r} is not uint16 or uint32")
     packed = manifest["format_version"] >= PACKED_SINCE
@@ -248,3 +225,14 @@ def open_flat(path: str | Path, manifest: dict | None = None, *, verify: bool = 
     if verify and (len(trie) > rows if packed else len(trie) != rows):  # len() walks the whole trie
         raise CorruptDatastoreError(f"{TRIE}: {len(trie)} keys but {rows} ranges")
     return Datastore(directory, manifest, tokens, words, bits, ranges["lo"], ranges["hi"], trie, ngrams)
+
+
+def check_storage(storage: dict, vocab_size: int) -> None:
+    """CorruptDatastoreError where a manifest's ``storage`` fields (stream dtype, separator, trie key
+    width) do not follow from its vocabulary size; a flat store's and a sharded store's alike."""
+    dtype = token_dtype(vocab_size)
+    if storage.get("dtype") != dtype.name or storage.get("separator_id") != separator_id(dtype):
+        raise CorruptDatastoreError("manifest storage dtype/separator do not match its vocabulary size")
+    if storage.get("trie_key_width") != key_width(vocab_size):
+        raise CorruptDatastoreError("manifest trie key width does not match its vocabulary size")
+

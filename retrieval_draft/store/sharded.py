@@ -22,15 +22,14 @@ import pyarrow as pa
 
 from retrieval_draft.errors import CorruptDatastoreError, DatastoreError
 from retrieval_draft.store.arrow_io import read_table
-from retrieval_draft.store.layout import NGRAM, RARE_FILTER, SHARD_TABLE_MIN, SHARDED_FILES, separator_id, token_dtype
+from retrieval_draft.store.layout import NGRAM, RARE_FILTER, SHARD_TABLE_MIN, SHARDED_FILES, token_dtype
 from retrieval_draft.store.rare_filter import BLOCK_WORDS
-from retrieval_draft.store.manifest import check_sizes, manifest_digest, verify_files
-from retrieval_draft.store.reader import Datastore, NgramTable, check_ids, ngram_table, open_flat
-from retrieval_draft.store.suffix_trie import key_width
+from retrieval_draft.store.manifest import ManifestFields, check_sizes, manifest_digest, verify_files
+from retrieval_draft.store.reader import Datastore, NgramTable, check_ids, check_storage, ngram_table, open_flat
 
 
 @dataclass(frozen=True)
-class ShardedDatastore:
+class ShardedDatastore(ManifestFields):
     """A validated sharded store: its manifest, the corpus's n-gram table and the opened shards.
 
     ``shards``: one ``Datastore`` per shard in stream order (shard i holds the documents after
@@ -41,26 +40,6 @@ class ShardedDatastore:
     manifest: dict
     ngrams: NgramTable
     shards: tuple[Datastore, ...]
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.manifest["tokenizer"]["vocab_size"])
-
-    @property
-    def fingerprint(self) -> str:
-        return str(self.manifest["tokenizer"]["fingerprint"])
-
-    @property
-    def separator(self) -> int:
-        return int(self.manifest["storage"]["separator_id"])
-
-    @property
-    def key_width(self) -> int:
-        return int(self.manifest["storage"]["trie_key_width"])
-
-    @property
-    def params(self) -> dict:
-        return dict(self.manifest["params"])
 
     @property
     def tokens_total(self) -> int:
@@ -85,10 +64,7 @@ def _check_top(manifest: dict) -> tuple[np.dtype, list[dict]]:
         [(int(s["tokens"]), str(s["manifest_sha256"])) for s in shards]
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptDatastoreError(f"manifest is missing or has a bad field ({exc})") from exc
-    if storage.get("dtype") != dtype.name or storage.get("separator_id") != separator_id(dtype):
-        raise CorruptDatastoreError("manifest storage dtype/separator do not match its vocabulary size")
-    if storage.get("trie_key_width") != key_width(vocab_size):
-        raise CorruptDatastoreError("manifest trie key width does not match its vocabulary size")
+    check_storage(storage, vocab_size)
     if not shards or any("/" in n or n.startswith(".") for n in names) or len(set(names)) != len(names):
         raise CorruptDatastoreError("manifest lists no shards, or a bad or repeated shard directory")
     if sum(int(s["tokens"]) for s in shards) != int(manifest["stats"]["tokens"]):
