@@ -232,16 +232,20 @@ def main(argv: list[str] | None = None) -> int:
                 results[condition] = run_calls(args, cache, prompts)
             if condition == "fresh":
                 shutil.copytree(cache, root / "fresh-left")
+            write_json(args, results)  # after every condition: a run cut short keeps what it measured
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    rows = summary(results)
-    print(markdown(rows, args))
+    print(markdown(summary(results), args))
+    return 0
+
+
+def write_json(args, results: dict[str, list[dict]]) -> None:
+    """The conditions measured so far, with their summary rows, to ``--json`` (atomically)."""
     if args.json:
         from retrieval_draft.atomic import atomic_write_bytes
 
-        body = {"args": vars(args), "rows": rows, "records": results}
+        body = {"args": vars(args), "rows": summary(results), "records": results}
         atomic_write_bytes(Path(args.json), json.dumps(body, indent=1).encode("utf-8"))
-    return 0
 
 
 if __name__ == "__main__":
