@@ -235,3 +235,19 @@ def test_threads_sharing_one_model_and_its_cache_all_get_plain_outputs():
         got = list(pool.map(lambda p: ours(model, p, memory), prompts))
     assert all(torch.equal(out, plain(model, p)) for (out, _), p in zip(got, prompts))
     assert sum(stats.reused_tokens for _, stats in got) >= 5 * 24  # every call after the first found the base
+
+
+def test_in_bfloat16_reused_rows_part_from_plain_generate_only_at_near_ties():
+    from retrieval_draft.divergence import first_divergence
+
+    model = make_tiny_llama(seed=92).to(torch.bfloat16)
+    memory = PluginMemory(persist=False)
+    prompt = random_prompt(93, 30)
+    for turn in range(4):
+        out, stats = ours(model, prompt, memory)
+        expected, logits = plain_logits(model, prompt)
+        split = first_divergence(expected[0, prompt.shape[1]:], out[0, prompt.shape[1]:], torch.stack(logits)[:, 0],
+                                 torch.bfloat16)
+        assert split is None or split.near_tie, split
+        assert turn == 0 or stats.reused_tokens > 0
+        prompt = torch.cat([out, random_prompt(94 + turn, 7)], dim=1)
