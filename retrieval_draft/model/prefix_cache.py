@@ -8,9 +8,11 @@ prefix of its prompt, to prefill only the rest (``prefix_reuse``).
 An entry is one sequence: its tokens, shape (n,) int64, and every cache layer's rows for
 positions 0..n-1, keys (layers, H_kv, n, d_k) and values (layers, H_kv, n, d_v) in the model's
 dtype and device. Lookup is a longest-common-prefix scan over the entries (a few dozen at most
-under a laptop's cap: microseconds against a forward's milliseconds); an entry that is a prefix
-of a newer one is dropped when the newer one is stored (its rows are the newer one's first rows),
-so a session that only appends keeps one entry. The cache holds at most ``capacity`` bytes of
+under a laptop's cap: microseconds against a forward's milliseconds). Storing a sequence drops
+every entry it covers: one whose rows it holds all of, or all but a short tail (``covered``: at
+most ``SPARE_TAIL`` tokens and a quarter of the entry, such as an editor's completion the user
+typed past, or a chat reply tokenized again), so a session keeps one entry per branch (an edit
+starts one), not one per request. The cache holds at most ``capacity`` bytes of
 tensors (keys and values; the token arrays are not counted): storing evicts the least recently
 used entries first, and a sequence longer than the whole cap keeps its first rows that fit.
 
@@ -27,6 +29,8 @@ import numpy as np
 import torch
 
 from retrieval_draft.config import DEFAULTS
+
+SPARE_TAIL = 64  # tokens of an entry's tail a newer sequence may lack and still replace it (re-read: ~0.1 s)
 
 
 @dataclass
@@ -62,6 +66,13 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(a.shape[0], b.shape[0])
     differ = np.flatnonzero(a[:n] != b[:n])
     return int(differ[0]) if differ.shape[0] else n
+
+
+def covered(entry: np.ndarray, tokens: np.ndarray) -> bool:
+    """Whether ``tokens`` holds all of ``entry`` (both 1-D) but at most a short tail: ``SPARE_TAIL``
+    tokens and a quarter of the entry."""
+    n = entry.shape[0]
+    return common_prefix(entry, tokens) >= n - min(SPARE_TAIL, n // 4)
 
 
 def weights_signature(model: torch.nn.Module) -> int:
@@ -123,9 +134,9 @@ class PrefixCache:
         """Keep a sequence: ``tokens`` (n,) int64 and its rows, keys (layers, H_kv, n, d_k) and
         values (layers, H_kv, n, d_v), which the cache owns from here on (pass copies).
 
-        An entry that ``tokens`` extends is dropped; when an entry already extends ``tokens``
-        it is marked used instead. Past the cap, least recently used entries go first; a
-        sequence bigger than the cap keeps its first rows that fit (none when the cap is 0)."""
+        Entries it ``covered`` are dropped; when an entry already extends ``tokens`` it is marked
+        used instead. Past the cap, least recently used entries go first; a sequence bigger than
+        the cap keeps its first rows that fit (none when the cap is 0)."""
         n = tokens.shape[0]
         if n == 0 or self.capacity <= 0:
             return
@@ -134,7 +145,7 @@ class PrefixCache:
             if entry.tokens.shape[0] >= n and common_prefix(entry.tokens, tokens) == n:
                 entry.used = self._clock
                 return
-        self.entries = [e for e in self.entries if not (e.tokens.shape[0] <= n and common_prefix(e.tokens, tokens) == e.tokens.shape[0])]
+        self.entries = [e for e in self.entries if not covered(e.tokens, tokens)]
         entry = CachedPrefix(tokens.copy(), keys, values, self._clock)
         if entry.nbytes > self.capacity:
             fit = self.capacity // entry.row_bytes

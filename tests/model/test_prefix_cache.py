@@ -99,3 +99,21 @@ def test_the_weights_signature_follows_in_place_writes():
     cache.store(np.arange(3, 9), *rows(np.arange(3, 9)))
     cache.check(weights_signature(model))
     assert cache.entries == []
+
+
+def test_a_sequence_that_holds_all_but_a_short_tail_of_an_entry_replaces_it():
+    cache = PrefixCache(10**7)
+    prompt = np.arange(3, 403)
+    completion = np.concatenate([prompt, np.arange(600, 648)])  # a request and its 48-token completion
+    cache.store(completion, *rows(completion))
+    typed_on = np.concatenate([prompt, np.arange(700, 900)])  # the user typed past it instead
+    cache.store(typed_on, *rows(typed_on))
+    assert [entry.tokens.shape[0] for entry in cache.entries] == [typed_on.shape[0]]
+    edited = np.concatenate([prompt[:50], [9], prompt[51:]])  # an edit near the top starts a branch
+    cache.store(edited, *rows(edited))
+    assert len(cache.entries) == 2
+    short = np.arange(1000, 1020)
+    cache.store(short, *rows(short))
+    other = np.concatenate([short[:10], np.arange(900, 910)])  # shares half: a quarter at most may be spared
+    cache.store(other, *rows(other))
+    assert len(cache.entries) == 4

@@ -1,7 +1,8 @@
 """Session benchmark: an editor and a chat client's requests, one after another, as they send them.
 
     python -m tools.bench.sessions [--workloads editor,chat,editor_window] [--systems hf,defaults,no_reuse]
-                                   [--model NAME] [--threads N] [--out PREFIX]
+                                   [--model NAME] [--threads N] [--rounds N] [--out PREFIX]
+    python -m tools.bench.sessions --report RESULT.json   # re-render a saved run
 
 Workloads: ``tools.bench.session_workloads`` (an editor typing a file with 48-token completions at
 docstring ends and one early import edit; a four-turn chat resending its history, 96 tokens a turn;
@@ -31,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -157,35 +160,48 @@ def fastest(records: list[dict]) -> list[dict]:
 
 
 def summarize(records: list[dict], systems: list[str]) -> dict:
-    """Per workload and system, over each request's fastest round (``fastest``): per-request
-    speed-ups over ``hf`` (and over ``no_reuse``), their median and range, the whole session's,
-    and the median first-token speed-up."""
+    """Per workload and system, the speed-ups over ``hf`` (and over ``no_reuse``). Side by side (the
+    headline): each request's ratio within a round, the median over rounds; their median and
+    range over requests; the session's (total walls of a round, the median over rounds); the
+    median first-token ratio. ``fastest_*``: the same from each request's fastest round per system."""
     out = {}
     for workload in dict.fromkeys(r["workload"] for r in records):
-        rows = [r for r in fastest(records) if r["workload"] == workload]
-        by = {(r["request"], r["system"]): r for r in rows}
-        requests = sorted({r["request"] for r in rows})
+        rows = [r for r in records if r["workload"] == workload]
+        each = {(r.get("round", 0), r["request"], r["system"]): r for r in rows}
+        best = {(r["request"], r["system"]): r for r in fastest(rows)}
+        rounds, requests = sorted({k[0] for k in each}), sorted({r["request"] for r in rows})
         out[workload] = {}
         for name in systems:
             entry = {}
             for base in ("hf", "no_reuse"):
-                if base == name or base not in systems:
-                    continue
-                ratios = [by[i, base]["wall_s"] / by[i, name]["wall_s"] for i in requests]
-                firsts = [by[i, base]["first_token_s"] / by[i, name]["first_token_s"] for i in requests
-                          if by[i, base]["first_token_s"] and by[i, name]["first_token_s"]]
-                total = sum(by[i, base]["wall_s"] for i in requests) / sum(by[i, name]["wall_s"] for i in requests)
-                entry[f"over_{base}"] = {
-                    "per_request": [round(x, 3) for x in ratios], "median": round(statistics.median(ratios), 3),
-                    "min": round(min(ratios), 3), "max": round(max(ratios), 3), "session": round(total, 3),
-                    "first_token_median": round(statistics.median(firsts), 3) if firsts else None,
-                }
-            entry["wall_s"] = round(sum(by[i, name]["wall_s"] for i in requests), 3)
-            entry["identical"] = sum(1 for r in records if r["workload"] == workload and r["system"] == name
-                                     and r.get("identical"))
-            entry["runs"] = sum(1 for r in records if r["workload"] == workload and r["system"] == name)
+                if base != name and base in systems:
+                    entry[f"over_{base}"] = _speedups(each, best, rounds, requests, base, name)
+            entry["identical"] = sum(1 for r in rows if r["system"] == name and r.get("identical"))
+            entry["runs"] = sum(1 for r in rows if r["system"] == name)
             out[workload][name] = entry
     return out
+
+
+def _speedups(each: dict, best: dict, rounds: list[int], requests: list[int], base: str, name: str) -> dict:
+    """``base``'s wall over ``name``'s (see ``summarize``); ``each``: (round, request, system) -> record,
+    ``best``: (request, system) -> its fastest round's record."""
+    def wall(key):
+        return each[key]["wall_s"]
+
+    side = [statistics.median(wall((k, i, base)) / wall((k, i, name)) for k in rounds) for i in requests]
+    first = [statistics.median(each[k, i, base]["first_token_s"] / each[k, i, name]["first_token_s"] for k in rounds)
+             for i in requests if all(each[k, i, base]["first_token_s"] and each[k, i, name]["first_token_s"]
+                                      for k in rounds)]
+    session = statistics.median(sum(wall((k, i, base)) for i in requests) / sum(wall((k, i, name)) for i in requests)
+                                for k in rounds)
+    quickest = [best[i, base]["wall_s"] / best[i, name]["wall_s"] for i in requests]
+    return {
+        "per_request": [round(x, 3) for x in side], "median": round(statistics.median(side), 3),
+        "min": round(min(side), 3), "max": round(max(side), 3), "session": round(session, 3),
+        "first_token_median": round(statistics.median(first), 3) if first else None,
+        "fastest_per_request": [round(x, 3) for x in quickest], "fastest_median": round(statistics.median(quickest), 3),
+        "fastest_min": round(min(quickest), 3),
+    }
 
 
 def markdown(result: dict) -> str:
@@ -196,6 +212,8 @@ def markdown(result: dict) -> str:
         f"{result['threads']} threads)", "",
         f"Model: {result['model']}; command: `{result['command']}`; load average (1/5/15 min) before and after: "
         f"{result['load_average_before_after']}; cache: {result['cache_state']}.", "",
+        "Speed-ups side by side: each request's ratio within a round, the median over rounds (fastest "
+        "round per system in brackets).", "",
         "| workload | system | median per request vs plain | range | session vs plain | median vs reuse off | "
         "median first token vs plain | identical runs |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
@@ -206,17 +224,20 @@ def markdown(result: dict) -> str:
                 continue
             hf, off = entry.get("over_hf", {}), entry.get("over_no_reuse", {})
             lines.append(
-                f"| {workload} | {name} | {hf.get('median', 'n/a')}x | {hf.get('min', 'n/a')}-{hf.get('max', 'n/a')}x | "
+                f"| {workload} | {name} | {hf.get('median', 'n/a')}x ({hf.get('fastest_median', 'n/a')}x) | "
+                f"{hf.get('min', 'n/a')}-{hf.get('max', 'n/a')}x | "
                 f"{hf.get('session', 'n/a')}x | {str(off['median']) + 'x' if off else ''} | "
                 f"{hf.get('first_token_median', 'n/a')}x | {entry['identical']}/{entry['runs']} |")
-    lines += ["", "Each request's fastest round per system:", "",
-              "| workload | request | prompt tokens | system | wall s | first token s | reused / prefilled | "
-              "cache MiB | identical |", "|---|---|---:|---|---:|---:|---:|---:|---|"]
+    lines += ["", "Each request's fastest round per system, and its speed-up over plain side by side:", "",
+              "| workload | request | prompt tokens | system | wall s | first token s | vs plain | reused / prefilled | "
+              "cache MiB | identical |", "|---|---|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in sorted(fastest(result["runs"]), key=lambda r: (r["workload"], r["request"])):
         reuse = f"{r['reused_tokens']} / {r['prefilled_tokens']}" if "reused_tokens" in r else ""
         held = f"{r['prefix_cache_bytes'] / 2**20:.1f}" if "prefix_cache_bytes" in r else ""
+        side = result["summary"][r["workload"]][r["system"]].get("over_hf", {}).get("per_request")
+        ratio = f"{side[r['request']]:.2f}x" if side else ""
         lines.append(f"| {r['workload']} | {r['request_id']}{' (edited)' if r['edited'] else ''} | {r['prompt_tokens']} | "
-                     f"{r['system']} | {r['wall_s']:.2f} | {r['first_token_s'] or 0:.2f} | {reuse} | {held} | "
+                     f"{r['system']} | {r['wall_s']:.2f} | {r['first_token_s'] or 0:.2f} | {ratio} | {reuse} | {held} | "
                      f"{r.get('identical', '')} |")
     check = result.get("prefill_check")
     if check:
@@ -271,9 +292,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--rounds", type=int, default=2, help="times each session runs, each on fresh handles")
+    p.add_argument("--report", default=None, help="re-render a saved RESULT.json (summary and markdown) and stop")
     p.add_argument("--prefill-rounds", type=int, default=3,
                    help="rounds of our cold prefill against the model's forward on the longest editor prompt (0: skip)")
     args = p.parse_args(argv)
+    if args.report:
+        saved = json.loads(Path(args.report).read_text(encoding="utf-8"))
+        saved["summary"] = summarize(saved["runs"], list(saved["systems"]))
+        write_results(Path(args.report).with_suffix(""), saved, markdown(saved))
+        return saved
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if any(w not in WORKLOADS for w in workloads) or any(s not in SYSTEMS for s in systems):
