@@ -12,7 +12,10 @@ with those rows:
   rows alike) leaves no gap: the slots are dense and the model's own causal mask applies;
   otherwise a 4D mask says which slots each new token sees (``AttentionLayout.masks``, with
   sliding windows and chunks). Position ids count real tokens, as in a one-shot prefill.
-- capacity: the prompt plus ``reserve`` positions, so decoding does not regrow the pool.
+- capacity: the prompt plus ``TreeModel.reserve`` positions, so decoding does not regrow the pool.
+- chunks: the new tokens run ``PREFILL_CHUNK`` at a time, so attention skips what causality hides
+  almost as a one-shot prefill does (on the editor's edit, 2,577 new tokens after 349 reused, one
+  forward took 7.5 s where a one-shot prefill of all 2,926 took 6.9 s).
 
 After decoding, ``store`` copies each row's rows (prompt and output, less the last token,
 whose row is never computed) into the cache; rows that finished early are copied as they
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
     from retrieval_draft.model.tree_model import TreeModel
 
 
+PREFILL_CHUNK = 512  # new tokens per forward of a seeded prefill (``_forward``)
 HANDOFF_SLACK = 0.25  # spare pool positions (a share of the rows) up to which a one-row pool is kept, not copied
 
 
@@ -214,20 +218,34 @@ def _seeded_cache(seeds: list[RowSeed | None], first: int, capacity: int, rows: 
 
 
 def _forward(model: "TreeModel", cache, tokens, positions, visible, slot_pos, dense: bool, first: int):
-    """The model over the new tokens (B, W) after ``first`` seeded slots: the model's own causal
-    mask where the slots are dense and no layer is windowed (or it verifies chains), else a 4D one."""
+    """The model over the new tokens (B, W) after ``first`` seeded slots, ``PREFILL_CHUNK`` tokens
+    per forward (a causal mask over cached rows is a full rectangle that attention cannot skip
+    blocks of, so one forward over many new tokens would do nearly twice a one-shot prefill's
+    attention); returns the last forward's output (logits of the last position)."""
+    width = tokens.shape[1]
+    for start in range(0, width, PREFILL_CHUNK):
+        end = min(start + PREFILL_CHUNK, width)
+        out = _forward_chunk(model, cache, tokens[:, start:end], positions[:, start:end], visible[:, : first + end],
+                             slot_pos[:, : first + end], dense, first + start)
+    return out
+
+
+def _forward_chunk(model: "TreeModel", cache, tokens, positions, visible, slot_pos, dense: bool, cached: int):
+    """The model over new tokens (B, c) after ``cached`` slots (``visible`` and ``slot_pos``: (B,
+    cached + c)): the model's own causal mask where the slots are dense and no layer is windowed
+    (or it verifies chains), else a 4D one."""
     layout, device = model.layout, model.device
     rows, width = tokens.shape
     tokens_t, positions_t = torch.from_numpy(tokens).to(device), torch.from_numpy(positions).to(device)
     mask = None
     if dense and layout.windowed and layout.mode != CHAIN:
         among = torch.ones((rows, width, width), dtype=torch.bool, device=device).tril_()
-        mask = layout.tree_over_dense_cache(among, first, positions_t, model.dtype)
+        mask = layout.tree_over_dense_cache(among, cached, positions_t, model.dtype)
     elif not dense:
         slot = np.arange(visible.shape[1])
-        allowed = visible[:, None, :] & (slot[None, None, :] <= first + np.arange(width)[None, :, None])
-        dead = ~visible[:, first:]  # (B, W): a dead slot sees only itself
-        allowed[:, np.arange(width), first + np.arange(width)] |= dead
+        allowed = visible[:, None, :] & (slot[None, None, :] <= cached + np.arange(width)[None, :, None])
+        dead = ~visible[:, cached:]  # (B, c): a dead slot sees only itself
+        allowed[:, np.arange(width), cached + np.arange(width)] |= dead
         mask = layout.masks(torch.from_numpy(allowed).to(device), positions_t, torch.from_numpy(slot_pos).to(device),
                             model.dtype)
     skinny = model._skinny if rows * width in model.skinny_sizes else []

@@ -251,3 +251,21 @@ def test_in_bfloat16_reused_rows_part_from_plain_generate_only_at_near_ties():
         assert split is None or split.near_tie, split
         assert turn == 0 or stats.reused_tokens > 0
         prompt = torch.cat([out, random_prompt(94 + turn, 7)], dim=1)
+
+
+@pytest.mark.parametrize("make", [lambda: make_tiny_llama(seed=95), tiny_gemma3], ids=["llama", "gemma3-windows"])
+def test_new_tokens_prefilled_in_chunks_give_plain_generates_output(make, monkeypatch):
+    import retrieval_draft.model.prefix_reuse as prefix_reuse
+
+    monkeypatch.setattr(prefix_reuse, "PREFILL_CHUNK", 3)  # every prefill after a reused prefix runs in chunks
+    model = make().eval()
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = 2, 0
+    memory = PluginMemory(persist=False)
+    for prompt, out, stats in session(model, [96, 97, 98], memory)[1:]:
+        assert stats.reused_tokens > 0 and stats.prefilled_tokens > 3
+    first = random_prompt(99, 20)[0]
+    ours(model, first[None], memory)
+    batch = torch.stack([torch.cat([first, random_prompt(100, 8)[0]]), random_prompt(101, 28)[0]])
+    expected, logits = plain_logits(model, batch)
+    got, stats = ours(model, batch, memory, logits=logits)  # rows reusing 20 and 0 tokens: gaps in every chunk
+    assert stats.reused_tokens == 20 and torch.equal(got, expected)
