@@ -25,7 +25,7 @@ request's fastest round per system: on a machine shared with other jobs a single
 their load as much as ours. Per request: wall seconds, time to
 first token, new tokens, whether the output equals plain ``generate``'s (and whether the prompts
 were equal), reused and prefilled prompt tokens and the bytes the model's prefix cache holds.
-Writes PREFIX.json and PREFIX.md.
+Writes PREFIX.json and PREFIX.md (and, while it runs, the runs so far to PREFIX.partial.json).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 import retrieval_draft
+from retrieval_draft.atomic import atomic_write_bytes
 from tools.bench.report import load_average, machine_info, write_results
 from tools.bench.session_workloads import (
     CHAT_NEW_TOKENS, CHAT_TURNS, EDITOR_NEW_TOKENS, EDITOR_SOURCE, EDIT, WINDOW_TOKENS, chat_ids, editor_requests,
@@ -311,12 +312,14 @@ def main(argv: list[str] | None = None) -> dict:
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     model.generate(torch.tensor([tokenizer.encode("def f():")]), max_new_tokens=8, do_sample=False)  # torch's set-up
     load_before, runs = load_average(), []
+    partial = Path(args.out).with_suffix(".partial.json")
     for round_ in range(args.rounds):
         for workload in workloads:
             requests, new_tokens = build_requests(workload, tokenizer)
             models = {name: model if name == "hf" else copy.copy(model) for name in systems}
             runs += [{**r, "round": round_} for r in run_session(workload, requests, systems, models, tokenizer,
                                                                    new_tokens, log)]
+            atomic_write_bytes(partial, (json.dumps({"systems": systems, "runs": runs}) + "\n").encode())
     longest = max(editor_requests(tokenizer), key=lambda r: len(r.ids)).ids
     check = prefill_check(model, list(longest), args.prefill_rounds) if args.prefill_rounds else None
     result = {
@@ -330,6 +333,7 @@ def main(argv: list[str] | None = None) -> dict:
         "runs": runs, "summary": summarize(runs, systems), "prefill_check": check,
     }
     write_results(args.out, result, markdown(result))
+    partial.unlink(missing_ok=True)
     return result
 
 
