@@ -285,6 +285,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from retrieval_draft.cache_dir import CACHE_ENV
     from retrieval_draft.session import load_session
+    from tools.bench.run import code_version
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workloads", default="editor,chat")
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "command": " ".join(["python -m tools.bench.sessions", *(sys.argv[1:] if argv is None else argv)]),
         "model": args.model or "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised to fp32)",
-        "threads": args.threads, "rounds": args.rounds, "machine": machine_info(),
+        "threads": args.threads, "rounds": args.rounds, "machine": machine_info(), "code": code_version(),
         "cache_state": f"{CACHE_ENV}={os.environ.get(CACHE_ENV, '(unset: the user cache)')}",
         "editor_source": "/".join(EDITOR_SOURCE), "edit": list(EDIT), "window_tokens": WINDOW_TOKENS,
         "warm_up": "one plain greedy generate of 8 tokens (untimed)",
