@@ -58,7 +58,10 @@ def model_paths(location: str) -> list[Path]:
 def stored_files(paths: list[Path] | None = None) -> list[Path]:
     """The cost-curve and learned-rates files in the cache (only ``paths`` among them, when given)."""
     found = sorted((cache_root() / "cost-curves").glob("*.json")) + sorted((cache_root() / "learned-rates").glob("*.json"))
-    return found if paths is None else [path for path in found if path in set(paths)]
+    if paths is None:
+        return found
+    wanted = set(paths)
+    return [path for path in found if path in wanted]
 
 
 def reset(paths: list[Path] | None = None) -> list[Path]:
