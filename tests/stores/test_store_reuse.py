@@ -128,11 +128,13 @@ def _record_verify_flags(monkeypatch) -> list:
 
 
 def test_a_new_process_trusts_a_recorded_verification_of_the_same_files(store_path, monkeypatch):
-    import shutil
+    import os
 
-    from retrieval_draft.cache_dir import cache_root
+    from retrieval_draft.cache_dir import cache_file
 
-    shutil.rmtree(cache_root() / "verified-stores")  # as for a store copied from another machine
+    # As for a store copied from another machine: no record of it. Only this store's record goes (the
+    # run's cache is shared by the xdist workers, which write their own records meanwhile).
+    os.remove(cache_file("verified-stores", os.path.realpath(store_path)))
     opened = _record_verify_flags(monkeypatch)
     PluginMemory().stores.open(store_path)  # first process: full verification, recorded
     PluginMemory().stores.open(store_path)  # a later process (a fresh memory): the record is trusted
