@@ -1,6 +1,7 @@
 """A lived-in user cache cannot hold decoding back for good: planted wrong curves and rates are
 corrected within a stated number of steps or calls, in one process and across processes.
 
+Planted states: curves too dear or too cheap, rates saying no draft or every draft is accepted.
 A real cache, after an hour of other work on a 2-core machine, priced a 3-token forward at 11.6
 lone roots; every later process planned lone roots and ran slower than plain ``generate``.
 """
@@ -16,6 +17,7 @@ import torch
 import retrieval_draft
 from retrieval_draft.cache_dir import CACHE_ENV
 from retrieval_draft.decode.stats import DecodeStats
+from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.memory import PluginMemory
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost, plausible
@@ -151,3 +153,65 @@ def test_planted_rates_that_no_draft_is_ever_accepted_lose_their_weight_within_a
     later = PluginMemory()
     per_call = [nodes_per_step(model, prompt, reference, later) for _ in range(3)]
     assert per_call[-1] > 4.0, per_call
+
+
+def dear_seconds(tokens: int) -> float:
+    """A CPU's forward where every new token costs a lone root (a larger model's matmuls)."""
+    return 0.050 * tokens
+
+
+# A cache that prices every tree like a lone root (a GPU's curve, or one measured on a faster day).
+CHEAP = VerifyCost.from_points([1, 2, 4, 8, 16, 32], [0.050] * 6)
+
+
+def test_a_curve_too_cheap_for_trees_is_corrected_by_the_forwards_it_plans():
+    def speed(width: int) -> float:
+        return (1.0 + CHAIN[:width].sum()) / dear_seconds(width + 1)
+
+    best = speed(TreePlanner(tree_budget=16, cost=VerifyCost.from_points(
+        [1, 2, 4, 8, 16, 32], [dear_seconds(k) for k in (1, 2, 4, 8, 16, 32)])).width([CHAIN]))
+    planner = TreePlanner(tree_budget=16, cost=CHEAP)
+    assert planner.width([CHAIN]) == 16  # what the cheap curve alone would plan: 17 lone roots a step
+    widths = []
+    for _ in range(12):
+        width = planner.width([CHAIN])
+        widths.append(width)
+        planner.observe_forward(1, width + 1, dear_seconds(width + 1))
+    assert all(speed(w) >= 0.9 * best for w in widths[len(ObservedCost.BANDS):]), widths
+
+
+class WrongDrafter(OracleDrafter):
+    """Proposes, with full confidence, a token the model never picks next (the reference's, plus one)."""
+
+    def propose(self, context: np.ndarray, max_len: int):
+        return [Draft((d.tokens + 1) % model_vocab(self.reference), d.probs) for d in super().propose(context, max_len)]
+
+
+def model_vocab(reference: np.ndarray) -> int:
+    return int(reference.max()) + 2
+
+
+def test_planted_rates_that_every_draft_is_accepted_lose_their_weight_within_three_calls(oracle_case):
+    model, prompt, reference = oracle_case
+    wrong = WrongDrafter(reference[0].numpy())
+
+    def wrong_nodes(memory) -> float:
+        stats = DecodeStats()
+        out = plugin(model, prompt, memory, [wrong], stats)
+        assert torch.equal(out, reference)  # wrong drafts never change the output
+        return stats.tree_nodes / stats.steps
+
+    fresh = PluginMemory()
+    untaught = [wrong_nodes(fresh) for _ in range(3)]  # what a fresh cache learns of these drafts
+    path = rates_path(model)
+    body = json.loads(path.read_text())
+    for calibrator in body["greedy"].values():
+        calibrator["trials"] = np.full_like(np.asarray(calibrator["trials"]), 1e6).tolist()
+        calibrator["hits"] = calibrator["trials"]
+    path.write_text(json.dumps(body))
+    read = read_rates(path)[False]["oracle"]
+    assert read.trials.max() == pytest.approx(STORED_TRIALS) and read.hits.min() == pytest.approx(STORED_TRIALS)
+    later = PluginMemory()
+    per_call = [wrong_nodes(later) for _ in range(3)]
+    assert per_call[0] > untaught[0]  # the planted rates did steer the first call to wider trees
+    assert per_call[-1] <= 1.25 * untaught[-1] + 0.5, (per_call, untaught)  # by the third, as a fresh cache
