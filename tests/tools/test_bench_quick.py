@@ -39,7 +39,7 @@ def quick_result(tmp_path_factory, real_model_threads) -> tuple[dict, Path, str]
     out = tmp_path_factory.mktemp("bench")
     json_path, png_path = out / "quick.json", out / "quick.png"
     command = [sys.executable, "-m", "tools.bench", "--quick", "--json", str(json_path), "--png", str(png_path),
-               "--threads", str(real_model_threads), "--max-new-tokens", "8"]
+               "--threads", str(real_model_threads), "--max-new-tokens", "8", "--cache", "fresh"]
     # Under a minute on an idle 2-core machine; generous limit for a busy one.
     # Passive OpenMP waiting: on a machine shared with other jobs, spinning threads
     # make every forward pass many times slower (this test checks sanity, not speed).
@@ -74,6 +74,15 @@ def test_quick_bench_leaves_the_fresh_process_off(quick_result):
     assert result["config"]["fresh_process"] is False
     assert result["fresh_process"]["rows"] == [] and result["fresh_process"]["status"].startswith("off")
     assert "Fresh process: off" in stdout
+
+
+def test_quick_bench_plans_from_the_fresh_cache_it_was_asked_for(quick_result):
+    from retrieval_draft.cache_dir import cache_root
+
+    result, _, _ = quick_result
+    cache = result["cache"]
+    assert cache["mode"] == "fresh" and cache["curve"] is None and not cache["rates_stored"]
+    assert Path(cache["folder"]) != cache_root()  # a folder of its own, not the cache it was started with
 
 
 def test_quick_bench_outputs_equal_greedy(quick_result):

@@ -68,11 +68,11 @@ def test_an_unknown_condition_is_refused_before_any_model_loads():
         main(["--conditions", "fresh,stale"])
 
 
-def test_a_fresh_bench_cache_holds_no_planning_records_but_links_the_kept_models(tmp_path, monkeypatch):
+def test_a_fresh_bench_cache_holds_no_planning_records_links_the_kept_models_and_goes_afterwards(tmp_path, monkeypatch):
     from retrieval_draft.cache_dir import CACHE_ENV, cache_root
     from retrieval_draft.planning.cost_file import cost_key, cost_path, write_cost
     from tests.conftest import make_tiny_llama
-    from tools.bench.cache_state import describe, planning_records, use_fresh_cache
+    from tools.bench.cache_state import describe, fresh_cache, planning_records
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "user"))
     (tmp_path / "user" / "gguf-converted").mkdir(parents=True)
@@ -81,7 +81,10 @@ def test_a_fresh_bench_cache_holds_no_planning_records_but_links_the_kept_models
     lived = planning_records(model, "user")
     assert lived["curve"]["used"] and lived["curve"]["origin"] == "measured" and lived["curve"]["age_h"] < 1
     assert describe(lived).startswith("user cache: lived-in") and "used" in describe(lived)
-    fresh = use_fresh_cache()
-    assert cache_root() == fresh and (fresh / "gguf-converted").is_symlink()
-    state = planning_records(model, "fresh")
-    assert state["curve"] is None and not state["rates_stored"] and describe(state).startswith("user cache: fresh")
+    (tmp_path / "user" / "gguf-converted" / "kept.bin").write_bytes(b"a conversion")
+    with fresh_cache() as fresh:
+        assert cache_root() == fresh and (fresh / "gguf-converted").is_symlink()
+        state = planning_records(model, "fresh")
+        assert state["curve"] is None and not state["rates_stored"] and describe(state).startswith("user cache: fresh")
+    assert not fresh.exists() and cache_root() == tmp_path / "user"  # its folder goes, the setting comes back
+    assert (tmp_path / "user" / "gguf-converted" / "kept.bin").read_bytes() == b"a conversion"  # links, not targets

@@ -2,17 +2,20 @@
 
 ``--cache fresh`` gives the run a cache folder of its own with no planning records (no cost curve,
 no learned rates: the first call measures and learns), linking the user's kept models and GGUF
-conversions into it so that loading stays as fast as a user's; ``--cache user`` (the default) plans
+conversions into it so that loading stays as fast as a user's (the folder is deleted when the run ends); ``--cache user`` (the default) plans
 from the user's cache as it is, whatever earlier runs left there. Either way the report says what
 the cache held for the model when the run began (``planning_records``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 from retrieval_draft.cache_dir import CACHE_ENV, cache_root
 
@@ -30,6 +33,22 @@ def use_fresh_cache() -> Path:
             (fresh / name).symlink_to(user / name, target_is_directory=True)
     os.environ[CACHE_ENV] = str(fresh)
     return fresh
+
+
+@contextlib.contextmanager
+def fresh_cache() -> Iterator[Path]:
+    """``use_fresh_cache`` for the body of a ``with``; the folder (its links, not what they point to)
+    is deleted and the cache setting restored afterwards."""
+    before = os.environ.get(CACHE_ENV)
+    fresh = use_fresh_cache()
+    try:
+        yield fresh
+    finally:
+        if before is None:
+            os.environ.pop(CACHE_ENV, None)
+        else:
+            os.environ[CACHE_ENV] = before
+        shutil.rmtree(fresh, ignore_errors=True)
 
 
 def planning_records(model, mode: str) -> dict:

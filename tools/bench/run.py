@@ -67,7 +67,7 @@ from pathlib import Path
 import torch
 
 from retrieval_draft.atomic import atomic_write_bytes
-from tools.bench.cache_state import CACHE_MODES, planning_records, use_fresh_cache
+from tools.bench.cache_state import CACHE_MODES, fresh_cache, planning_records
 from tools.bench.exactness import near_tie_verdicts
 from tools.bench.fresh import fresh_geomean, fresh_process_rows, readme_call
 from tools.bench.report import derive, load_average, machine_info, markdown, plot
@@ -302,7 +302,14 @@ def run(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     if args.cache == "fresh":
-        use_fresh_cache()
+        with fresh_cache():
+            return _run(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> dict:
+    from retrieval_draft.session import load_session
+
     session = load_session(args.model)
     session.model.to(device=args.device, dtype=DTYPES[args.dtype])
     if args.prompts_from is not None:
