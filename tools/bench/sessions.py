@@ -310,6 +310,8 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     session = load_session(args.model)
     model, tokenizer = session.model, session.tokenizer
+    if "chat" in workloads and not getattr(tokenizer, "chat_template", None):
+        p.error(f"the chat workload needs a model with a chat template; {args.model or 'the default model'} has none")
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     model.generate(torch.tensor([tokenizer.encode("def f():")]), max_new_tokens=8, do_sample=False)  # torch's set-up
     load_before, runs = load_average(), []
