@@ -196,7 +196,8 @@ def test_planted_rates_that_every_draft_is_accepted_lose_their_weight_call_by_ca
     """Drafts graded wrong at every step pull the planted rate down whatever size the trees take (the
     rate, not the tree sizes, is asserted: those also follow the machine's timings). Slower than the
     other way round: a draft wrong at its first token never grades its deeper tokens, so their
-    planted cells keep the pooled estimate up (1.0, then about 0.6, 0.4, 0.3; a fresh cache 0.02)."""
+    planted cells keep the pooled estimate up, and the drafter gate asks (so grades) a drafter that
+    adds nothing on fewer steps (1.0, then about 0.6, 0.4, 0.3; a fresh cache 0.02)."""
     model, prompt, reference = oracle_case
     wrong = WrongDrafter(reference[0].numpy(), model.config.vocab_size)
 
