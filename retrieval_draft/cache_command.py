@@ -125,9 +125,11 @@ def describe_rates(path: Path) -> str:
         greedy = body["greedy"]
         lines = [f"learned rates {path.name}:"]
         for name, counts in sorted(greedy.items()):
-            hits, trials = np.asarray(counts["hits"], float), np.asarray(counts["trials"], float)
-            rate = hits.sum() / trials.sum() if trials.sum() > 0 else float("nan")
-            lines.append(f"  {name}: {rate:.2f} of {trials.sum():.0f} graded draft tokens accepted (greedy)")
+            hits, trials = np.asarray(counts["hits"], float).sum(), np.asarray(counts["trials"], float).sum()
+            if trials < 0.5:  # counts decay each step, so a few trials long ago round to none
+                lines.append(f"  {name}: no draft tokens graded yet (greedy)")
+            else:
+                lines.append(f"  {name}: {hits / trials:.2f} of {trials:.0f} graded draft tokens accepted (greedy)")
         return "\n".join(lines)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return f"learned rates {path.name}: unreadable (not used)"

@@ -76,3 +76,17 @@ def test_an_old_curve_is_reported_as_measured_again(cache, capsys, monkeypatch):
     assert main(["cache"]) == 0
     out = capsys.readouterr().out
     assert "NOT used" in out and "plausible: yes" in out and np.isfinite(float(out.split(" h ago")[0].split()[-1]))
+
+
+def test_learned_rates_are_shown_per_drafter_and_a_drafter_never_graded_says_so(cache, capsys):
+    from retrieval_draft.planning.calibration import AcceptanceCalibrator
+    from retrieval_draft.planning.rates_file import write_rates
+
+    model = make_tiny_llama(seed=5)
+    graded, idle = AcceptanceCalibrator(), AcceptanceCalibrator()
+    graded.record(np.array([0.9, 0.9, 0.9, 0.9]), np.zeros(4, dtype=np.int64), np.array([True, True, True, False]))
+    write_rates(rates_path(model), {False: {"prompt": graded, "recycle": idle}, True: {}})
+    assert main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert "prompt: 0.75 of 4 graded draft tokens accepted (greedy)" in out
+    assert "recycle: no draft tokens graded yet (greedy)" in out and "nan" not in out
