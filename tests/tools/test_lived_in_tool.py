@@ -47,6 +47,14 @@ def test_planted_rates_say_no_draft_is_ever_accepted(tmp_path):
     assert counts["hits"] == [[0.0, 0.0]] and counts["trials"] == [[1e6, 1e6]]
 
 
+@pytest.mark.parametrize("condition", ["rates-sure", "rates-sure-across"])
+def test_planted_sure_rates_say_every_draft_is_accepted(tmp_path, condition):
+    stored_cache(tmp_path)
+    plant(tmp_path, condition)
+    counts = json.loads((tmp_path / "learned-rates" / "r.json").read_text())["greedy"]["prompt"]
+    assert counts["hits"] == [[1e6, 1e6]] and counts["trials"] == [[1e6, 1e6]]
+
+
 def record(speedup: float) -> dict:
     return {"speedup": speedup, "share": speedup / 1.5, "budget0_speedup": 1.5, "nodes_per_step": 4.0, "identical": True}
 

@@ -17,7 +17,8 @@ with ``tree_budget=0`` (our forward, no drafts: the drafting share is ours over 
 - ``curve-plausible``: the same but 1.45 lone roots per token from 3 tokens on (dearer than the truth
   yet inside the plausible limit, so only exploration and decoding's own timings can correct it);
 - ``rates``: ``fresh``'s cache with every learned rate planted as never accepted (1e6 trials, no hit);
-- ``lived-in-across``, ``curve-across``, ``rates-across``: as ``lived-in``, ``curve`` and ``rates`` with
+- ``rates-sure``: the other way round, every learned rate planted as always accepted (1e6 trials, all hits);
+- ``lived-in-across``, ``curve-across``, ``rates-across``, ``rates-sure-across``: as the conditions they name with
   every prompt in a new process, each starting from the cache the one before it left (every call
   is then a process's first plugin call, so these compare with ``lived-in-across``, not ``fresh``).
 
@@ -44,7 +45,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CONDITIONS = ("fresh", "lived-in", "curve", "curve-plausible", "rates", "lived-in-across", "curve-across", "rates-across")
+CONDITIONS = ("fresh", "lived-in", "curve", "curve-plausible", "rates", "rates-sure", "lived-in-across", "curve-across",
+              "rates-across", "rates-sure-across")
 HELD_OUT_SEED = 7
 DEAR_FACTOR = 12.0  # ``curve``: trees of 3 tokens or more priced this many times their measured cost
 PLAUSIBLE_DEAR = 1.45  # ``curve-plausible``: lone roots per token from 3 tokens on
@@ -133,12 +135,14 @@ def plant(cache: Path, condition: str) -> None:
             body["seconds"] = np.where(sizes >= 3, dear, seconds).tolist()
             path.write_text(json.dumps(body))
     if condition.startswith("rates"):
+        sure = condition.startswith("rates-sure")  # every draft believed accepted, else none
         for path in (cache / "learned-rates").glob("*.json"):
             body = json.loads(path.read_text())
             for kind in ("greedy", "sampling"):
                 for counts in body[kind].values():
-                    counts["hits"] = (np.asarray(counts["hits"]) * 0).tolist()
-                    counts["trials"] = (np.asarray(counts["trials"]) * 0 + 1e6).tolist()
+                    trials = np.asarray(counts["trials"]) * 0 + 1e6
+                    counts["trials"] = trials.tolist()
+                    counts["hits"] = (trials if sure else trials * 0).tolist()
             path.write_text(json.dumps(body))
 
 
