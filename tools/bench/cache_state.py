@@ -23,25 +23,19 @@ CACHE_MODES = ("user", "fresh")
 KEPT_FOLDERS = ("models", "gguf-converted", "verified-stores")  # linked into a fresh cache: not planning records
 
 
-def use_fresh_cache() -> Path:
-    """Point this process (and the processes it starts) at a new cache folder without planning
-    records; the user's kept models, conversions and store verifications are linked in."""
-    user = cache_root()
-    fresh = Path(tempfile.mkdtemp(prefix="retrieval-draft-bench-cache-"))
-    for name in KEPT_FOLDERS:
-        if (user / name).is_dir():
-            (fresh / name).symlink_to(user / name, target_is_directory=True)
-    os.environ[CACHE_ENV] = str(fresh)
-    return fresh
-
-
 @contextlib.contextmanager
 def fresh_cache() -> Iterator[Path]:
-    """``use_fresh_cache`` for the body of a ``with``; the folder (its links, not what they point to)
-    is deleted and the cache setting restored afterwards."""
-    before = os.environ.get(CACHE_ENV)
-    fresh = use_fresh_cache()
+    """For the body of a ``with``, point this process (and the processes it starts) at a new cache
+    folder without planning records, the user's kept models, conversions and store verifications
+    linked in; afterwards the folder (its links, not what they point to) is deleted and the cache
+    setting restored."""
+    before, user = os.environ.get(CACHE_ENV), cache_root()
+    fresh = Path(tempfile.mkdtemp(prefix="retrieval-draft-bench-cache-"))
     try:
+        for name in KEPT_FOLDERS:
+            if (user / name).is_dir():
+                (fresh / name).symlink_to(user / name, target_is_directory=True)
+        os.environ[CACHE_ENV] = str(fresh)
         yield fresh
     finally:
         if before is None:

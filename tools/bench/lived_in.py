@@ -140,9 +140,9 @@ def plant(cache: Path, condition: str) -> None:
             body = json.loads(path.read_text())
             for kind in ("greedy", "sampling"):
                 for counts in body[kind].values():
-                    trials = np.asarray(counts["trials"]) * 0 + 1e6
+                    trials = np.full_like(np.asarray(counts["trials"], dtype=float), 1e6)
                     counts["trials"] = trials.tolist()
-                    counts["hits"] = (trials if sure else trials * 0).tolist()
+                    counts["hits"] = (trials if sure else np.zeros_like(trials)).tolist()
             path.write_text(json.dumps(body))
 
 

@@ -298,8 +298,6 @@ def select_systems(args, has_datastore: bool) -> tuple[list[str], dict]:
 
 def run(args: argparse.Namespace) -> dict:
     """Load, warm up HF, time every prompt, then the fresh processes; return the result dict (``bench_report``)."""
-    from retrieval_draft.session import load_session
-
     torch.set_num_threads(args.threads)
     if args.cache == "fresh":
         with fresh_cache():
