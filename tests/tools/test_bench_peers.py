@@ -69,3 +69,24 @@ def test_the_build_is_kept_per_python_version_and_a_kept_sdist_needs_no_registry
     kept.write_bytes(b"kept")
     monkeypatch.setattr(peers, "_run", lambda *args: pytest.fail("pip ran although the sdist was kept"))
     assert peers.sdist(kept) == kept
+
+
+def test_the_built_package_imports_from_its_folder_without_touching_sys_path(monkeypatch, tmp_path):
+    """A stand-in for the built tree (``arctic_inference.suffix_decoding`` importing its ``_C``
+    absolutely, as the sdist's cache.py does) imports through ``suffix_cache_class``."""
+    package = tmp_path / "arctic_inference" / "suffix_decoding"
+    package.mkdir(parents=True)
+    (package.parent / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("from .cache import SuffixDecodingCache\n")
+    (package / "cache.py").write_text("from arctic_inference.suffix_decoding._C import SuffixTree as SuffixDecodingCache\n")
+    (package / "_C.py").write_text("class SuffixTree:\n    pass\n")
+    monkeypatch.setattr(peers, "build", lambda: tmp_path)
+    path_before = list(sys.path)
+    peers.suffix_cache_class.cache_clear()
+    try:
+        assert peers.suffix_cache_class().__module__ == "arctic_inference.suffix_decoding._C"
+        assert sys.path == path_before
+    finally:
+        peers.suffix_cache_class.cache_clear()
+        for name in [name for name in sys.modules if name.split(".")[0] == "arctic_inference"]:
+            del sys.modules[name]

@@ -18,7 +18,7 @@ quality is compared on the same verifier, planner and model as ours.
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -102,13 +102,36 @@ def build(cache: Path = CACHE) -> Path:
 @lru_cache(maxsize=1)
 def suffix_cache_class():
     """The sdist's ``SuffixDecodingCache`` class (built on first use); raises ``PeerUnavailable``."""
-    folder = str(build())
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+    folder = build()
     try:
-        return importlib.import_module("arctic_inference.suffix_decoding").SuffixDecodingCache
+        return import_package("arctic_inference.suffix_decoding", folder).SuffixDecodingCache
     except ImportError as error:
         raise PeerUnavailable(f"the built SuffixDecoding does not import: {error}") from error
+
+
+def import_package(name: str, folder: Path):
+    """The package ``name`` (dotted) imported from the tree under ``folder``, its parents first,
+    without touching ``sys.path``: each package is loaded from its ``__init__.py`` with its own
+    folder as its search path, so its modules and built extension (``_C*.so``) import as usual.
+    A package already imported is used as it is."""
+    parts = name.split(".")
+    for depth in range(1, len(parts) + 1):
+        dotted = ".".join(parts[:depth])
+        if dotted in sys.modules:
+            continue
+        package = folder.joinpath(*parts[:depth])
+        if not (package / "__init__.py").is_file():
+            raise ImportError(f"no package {dotted} under {folder}")
+        spec = importlib.util.spec_from_file_location(dotted, package / "__init__.py",
+                                                      submodule_search_locations=[str(package)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[dotted] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[dotted]
+            raise
+    return sys.modules[name]
 
 
 def unavailable() -> str | None:
