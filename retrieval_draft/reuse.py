@@ -60,3 +60,22 @@ def finish_reuse(reuse: PrefixReuse, tree_model: TreeModel, input_ids: torch.Ten
     stats.prefilled_tokens = reuse.report.prefilled
     stats.reuse_note = reuse.report.note
     stats.prefix_cache_bytes = reuse.cache.nbytes
+
+
+def read_ahead(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, memory: PluginMemory,
+               capacity: int) -> DecodeStats:
+    """Read prompts into the model's prefix cache and generate nothing (an editor warming the cache while
+    its user types). ``input_ids`` and ``attention_mask``: (B, L), left-padded. Each row's prompt is kept
+    whole (its last token's rows too), so a later call that begins with it reads only what follows.
+    Returns the call's statistics (``reused_tokens``, ``prefilled_tokens``, ``prefix_cache_bytes``)."""
+    with memory.model(model).lock:
+        tree_model = TreeModel(model)
+        tree_model.reserve = 1
+        tree_model.reuse = start_reuse(model, tree_model, memory, capacity, input_ids, attention_mask, {})
+        logits = tree_model.prefill(input_ids, attention_mask)
+        # ``store`` keeps a sequence's first n - 1 tokens (the last emitted one has no rows yet): the
+        # first token each row would emit closes the sequence, so the whole prompt is kept
+        firsts = [np.array([token], dtype=np.int64) for token in logits.argmax(dim=-1).tolist()]
+        stats = DecodeStats(rows=input_ids.shape[0])
+        finish_reuse(tree_model.reuse, tree_model, input_ids, attention_mask, firsts, stats)
+    return stats

@@ -7,7 +7,8 @@ Loads ``custom_generate/generate.py`` from the folder by path, as
 2-layer Llama with random weights built from a config (no download, a few seconds on CPU):
 
 - ``requirements``: every line of ``custom_generate/requirements.txt`` and its installed version;
-- ``load``: transformers' loader (which also compares those versions) returns the folder's ``generate``;
+- ``load``: transformers' loader (which also compares those versions) returns the folder's ``generate``
+  (the installed package's ``retrieval_draft.serving.hub_route.generate``);
 - ``greedy``: the folder's output equals plain greedy ``generate`` on a few prompts;
 - ``streamer``: an HF streamer given as ``streamer=`` receives what plain greedy ``generate``
   streams: the prompt, every new token once and in order, then one ``end()``;
@@ -89,11 +90,13 @@ def check_requirements(folder: Path) -> tuple[bool, str]:
 
 
 def check_load(model, folder: Path) -> tuple[bool, str]:
-    """transformers' own loader returns the folder's ``generate`` function."""
+    """transformers' own loader returns the folder's ``generate``: the installed package's
+    ``retrieval_draft.serving.hub_route.generate``, which ``custom_generate/generate.py`` imports."""
+    from retrieval_draft.serving.hub_route import generate
+
     function = model.load_custom_generate(str(folder), trust_remote_code=True)
     source = Path(function.__code__.co_filename)
-    ok = function.__name__ == "generate" and source.parts[-2:] == ("custom_generate", "generate.py")
-    return ok, f"{function.__module__} from {source}"
+    return function is generate, f"{function.__module__} from {source}"
 
 
 def check_greedy(model, folder: Path, max_new_tokens: int) -> tuple[bool, str]:

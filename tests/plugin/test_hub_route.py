@@ -3,8 +3,8 @@
 transformers loads ``custom_generate/generate.py`` from the folder by path, as it would
 from a Hub repository, and calls it with all of ``generate``'s arguments. These tests
 hold that the folder decodes exactly like plain greedy ``generate`` (``stop_strings``
-included), passes HF's ``streamer`` on, lets our options reach the engine, and fails
-with a typed error naming the package when it is missing. The dynamic-module cache that
+included), passes HF's ``streamer`` on (as the callable route does too), lets our options
+reach the engine, and fails with a typed error naming the package when it is missing. The dynamic-module cache that
 transformers copies the file into is this module's own.
 """
 
@@ -108,6 +108,44 @@ def test_a_text_streamer_prints_exactly_the_decoded_new_tokens(tiny_llama, capsy
     assert capsys.readouterr().out == tokenizer.decode(got[0, prompt.shape[1] :]) + "\n"
 
 
+def test_the_callable_route_streams_to_hfs_streamer_as_plain_greedy_generate_does(tiny_llama):
+    """``streamer=`` beside ``custom_generate=retrieval_draft.generate``, as HF users pass it:
+    transformers gives it the prompt and drops it for callables; ours gets it back."""
+    prompt = random_prompt(2, length=12, repeat=2)
+    plain = RecordingStreamer()
+    expected = tiny_llama.generate(prompt, max_new_tokens=20, do_sample=False, streamer=plain)
+    ours = RecordingStreamer()
+    got = tiny_llama.generate(prompt, max_new_tokens=20, custom_generate=retrieval_draft.generate, streamer=ours,
+                              adaptive_tree=False, draft_learning=False)
+    assert torch.equal(got, expected)
+    first, new, ends = ours.streamed()
+    assert first == prompt[0].tolist() and new == got[0, prompt.shape[1] :].tolist() and ends == 1
+    assert (first, new, ends) == plain.streamed()
+
+
+def test_the_callable_route_prints_with_a_text_streamer_what_plain_greedy_generate_prints(tiny_llama, capsys):
+    tokenizer = word_tokenizer([], extra=TINY_VOCAB - 1)  # ids 0..319: "[UNK]", "w0", "w1", ...
+    prompt = random_prompt(3, length=10, repeat=2)
+    for skip_prompt in (True, False):
+        tiny_llama.generate(prompt, max_new_tokens=16, do_sample=False,
+                            streamer=TextStreamer(tokenizer, skip_prompt=skip_prompt))
+        plain = capsys.readouterr().out
+        tiny_llama.generate(prompt, max_new_tokens=16, custom_generate=retrieval_draft.generate,
+                            streamer=TextStreamer(tokenizer, skip_prompt=skip_prompt), draft_learning=False)
+        assert capsys.readouterr().out == plain and plain.strip()
+
+
+def test_the_callable_route_refuses_two_streamers_and_hfs_streamer_for_a_batch(tiny_llama):
+    prompt = random_prompt(5)
+    with pytest.raises(InvalidInputError, match="one streamer"):
+        tiny_llama.generate(prompt, max_new_tokens=4, custom_generate=retrieval_draft.generate,
+                            streamer=RecordingStreamer(), draft_streamer=RecordingStreamer())
+    batch = prompt.repeat(2, 1)
+    with pytest.raises(InvalidInputError, match="streamer= takes one sequence; for 2 rows pass draft_streamer="):
+        tiny_llama.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=4,
+                            custom_generate=retrieval_draft.generate, streamer=RecordingStreamer())
+
+
 def test_our_options_reach_the_engine(tiny_llama):
     prompt = random_prompt(4, length=12)
     expected = tiny_llama.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=[])
@@ -148,7 +186,8 @@ def test_streamer_and_draft_streamer_together_are_refused(tiny_llama):
 def test_an_unimportable_package_fails_in_one_line_naming_pip_install(tiny_llama, monkeypatch):
     for name in [n for n in sys.modules if n.startswith("transformers_modules.") and "retrieval_hyphen_draft" in n]:
         monkeypatch.delitem(sys.modules, name)  # so transformers executes generate.py afresh
-    monkeypatch.setitem(sys.modules, "retrieval_draft", None)  # `import retrieval_draft` now fails
+    for name in ("retrieval_draft", "retrieval_draft.serving", "retrieval_draft.serving.hub_route"):
+        monkeypatch.setitem(sys.modules, name, None)  # importing the package or its modules now fails
     with pytest.raises(ImportError) as caught:
         hub_generate(tiny_llama, random_prompt(7), 4)
     message = str(caught.value)
@@ -181,9 +220,11 @@ def test_hub_check_fails_a_folder_that_drops_the_streamer(tmp_path, capsys):
     folder = tmp_path / "dropping-streamer"
     shutil.copytree(HUB_FOLDER, folder)
     code = folder / "custom_generate" / "generate.py"
-    passing = "draft_streamer=streamer if streamer is not None else draft_streamer,"
-    assert passing in code.read_text()
-    code.write_text(code.read_text().replace(passing, "draft_streamer=draft_streamer,"))
+    code.write_text(
+        "from retrieval_draft.serving.hub_route import generate as ours\n\n\n"
+        "def generate(*args, streamer=None, **kwargs):  # loses the streamer\n"
+        "    return ours(*args, **kwargs)\n"
+    )
     assert hub_check(["--folder", str(folder), "--max-new-tokens", "8"]) == 1
     failed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if " FAILED " in line]
-    assert failed == ["streamer"]
+    assert failed == ["load", "streamer"]  # its generate is its own, not the package's, and loses the streamer

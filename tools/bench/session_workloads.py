@@ -44,11 +44,15 @@ CHAT_TURNS = (
 @dataclass(frozen=True)
 class EditorRequest:
     """One completion request: ``ids`` (token ids of the text above the cursor), a name for
-    the cursor (``file:line``), and whether the import edit was made before it."""
+    the cursor (``file:line``), whether the import edit was made before it; ``text`` the text above
+    the cursor (what an HTTP client sends) and ``warm_text`` the same without the cursor's line (what
+    a client that warms the server's cache sends while the user types that line)."""
 
     request_id: str
     ids: tuple[int, ...]
     edited: bool
+    text: str = ""
+    warm_text: str = ""
 
 
 def editor_source(package: str = EDITOR_SOURCE[0], name: str = EDITOR_SOURCE[1]) -> tuple[str, str]:
@@ -86,7 +90,10 @@ def editor_requests(tokenizer, count: int = EDITOR_REQUESTS, tokens: tuple[int, 
         edited = index >= edit_after
         if edited:
             above = above.replace(EDIT[0], EDIT[1], 1)
-        requests.append(EditorRequest(f"{name}:{end}", tuple(tokenizer.encode(above)), edited))
+        warm = "".join(lines[: end - 1])
+        if edited:
+            warm = warm.replace(EDIT[0], EDIT[1], 1)
+        requests.append(EditorRequest(f"{name}:{end}", tuple(tokenizer.encode(above)), edited, above, warm))
     return requests
 
 

@@ -1,0 +1,140 @@
+"""``retrieval-draft serve`` over HTTP, driven by the ``openai`` client as editors and chat front-ends do.
+
+Two servers run for the module, each a ``retrieval-draft serve`` process on a free port over the doc
+tests' tiny model (random weights, a 400-id tokenizer with a chat template): ours, and ``--plain``
+(``transformers serve`` over the same model folder without our decoding), the reference for every
+answer. What a call of ours did is read from the server's log (one ``[retrieval-draft]`` line per call).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import openai
+import pytest
+
+from tests.doc_preamble import tiny_model_folder
+from tools.bench.http_servers import openai_client, served
+
+MODEL = "tiny-model"  # the served name: the model folder's name
+CODE = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """(ours, plain): the openai clients and the servers, both over the tiny model."""
+    folder = tiny_model_folder(tmp_path_factory.mktemp("model"))
+    with served(["--model", str(folder)], ["--plain", "--model", str(folder)],
+                logs=tmp_path_factory.mktemp("logs")) as (ours, plain):
+        yield {"ours": (openai_client(ours), ours), "plain": (openai_client(plain), plain)}
+
+
+def complete(client, prompt: str, **kwargs) -> str:
+    """The completion's text, streamed chunks joined when ``stream=True``."""
+    kwargs = {"max_tokens": 24, "temperature": 0, **kwargs}
+    if kwargs.get("stream"):
+        return "".join(chunk.choices[0].text for chunk in client.completions.create(model=MODEL, prompt=prompt, **kwargs)
+                       if chunk.choices)
+    return client.completions.create(model=MODEL, prompt=prompt, **kwargs).choices[0].text
+
+
+def chat(client, messages: list[dict], **kwargs) -> str:
+    """The chat reply's content, streamed deltas joined when ``stream=True``."""
+    kwargs = {"max_tokens": 24, "temperature": 0, **kwargs}
+    answer = client.chat.completions.create(model=MODEL, messages=messages, **kwargs)
+    if kwargs.get("stream"):
+        return "".join(chunk.choices[0].delta.content or "" for chunk in answer if chunk.choices)
+    return answer.choices[0].message.content
+
+
+def calls(server, since: int = 0) -> list[tuple[int, int, int]]:
+    """(prompt tokens, reused, new) of each call of ours the server's log records, from line ``since``."""
+    found = re.findall(r"\[retrieval-draft\] (\d+) prompt tokens \((\d+) reused, \d+ read\), (\d+) new",
+                       server.log_text())
+    return [tuple(map(int, call)) for call in found[since:]]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_equal_the_plain_servers(servers, stream):
+    (ours, _), (plain, _) = servers["ours"], servers["plain"]
+    for prompt in (CODE, "class Stack:\n    def __init__(self):\n", "import os\n\n"):
+        assert complete(ours, prompt, stream=stream) == complete(plain, prompt, stream=stream)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_with_a_suffix_equal_the_plain_servers(servers, stream):
+    (ours, _), (plain, _) = servers["ours"], servers["plain"]
+    suffix = "\n\nprint(fibonacci(10))\n"
+    got = complete(ours, CODE, suffix=suffix, stream=stream)
+    assert got == complete(plain, CODE, suffix=suffix, stream=stream) and got.endswith(suffix)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_equals_the_plain_servers_turn_after_turn(servers, stream):
+    (ours, _), (plain, _) = servers["ours"], servers["plain"]
+    histories = {"ours": [], "plain": []}
+    for turn in ("Write a function that adds two numbers.", "Now make it add three."):
+        replies = {}
+        for name, client in (("ours", ours), ("plain", plain)):
+            histories[name].append({"role": "user", "content": turn})
+            replies[name] = chat(client, histories[name], stream=stream)
+            histories[name].append({"role": "assistant", "content": replies[name]})
+        assert replies["ours"] == replies["plain"]
+
+
+def test_an_editors_next_request_reads_only_its_new_text(servers):
+    (ours, server), (plain, _) = servers["ours"], servers["plain"]
+    first = CODE * 3
+    seen = len(calls(server))
+    answer = complete(ours, first)
+    follow = first + answer + "\n\ndef main():\n"
+    assert complete(ours, follow) == complete(plain, follow)
+    (_, _, new_first), (prompt, reused, _) = calls(server, seen)
+    assert reused >= prompt - 12 and reused > 0  # the first request's prompt and answer, less a re-tokenised edge
+
+
+def test_a_request_for_no_tokens_warms_the_cache_for_the_next(servers):
+    (ours, server), (plain, _) = servers["ours"], servers["plain"]
+    text = "".join(f"def function_{i}(value):\n    return value * {i}\n\n" for i in range(6))
+    seen = len(calls(server))
+    answer = ours.completions.create(model=MODEL, prompt=text, max_tokens=0, temperature=0)
+    assert answer.choices[0].text == "" and answer.usage.completion_tokens == 0
+    request = text + "def function_6(value):\n"
+    assert complete(ours, request) == complete(plain, request)
+    (warm_prompt, _, warm_new), (prompt, reused, _) = calls(server, seen)
+    assert warm_new == 0 and reused >= warm_prompt - 2 and prompt - reused <= 12
+
+
+def test_four_concurrent_clients_get_their_single_client_answers(servers):
+    (ours, _), (plain, _) = servers["ours"], servers["plain"]
+    prompts = [f"def task_{i}(items):\n    total = 0\n    for item in items:\n" for i in range(4)]
+    alone = [complete(plain, prompt) for prompt in prompts]
+    answers: dict[int, str] = {}
+
+    def client(index: int) -> None:
+        answers[index] = complete(ours, prompts[index], stream=index % 2 == 1)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not any(thread.is_alive() for thread in threads)
+    assert [answers.get(i) for i in range(4)] == alone
+
+
+def test_a_bad_request_gets_an_error_and_the_server_serves_the_next(servers):
+    (ours, server), (plain, _) = servers["ours"], servers["plain"]
+    with pytest.raises(openai.InternalServerError):  # beams: refused by our generate, before any model work
+        ours.completions.create(model=MODEL, prompt=CODE, max_tokens=8,
+                                extra_body={"generation_config": '{"num_beams": 2, "max_new_tokens": 8}'})
+    assert "[retrieval-draft] refused: num_beams=2 is not supported" in server.log_text()
+    # the server closes the connection after a 500 (uvicorn, on an exception in the app): the openai
+    # client retries on a new one by default; this one has no retries, so a new client goes on
+    ours = openai_client(server)
+    with pytest.raises(openai.BadRequestError):  # the server's own check
+        ours.completions.create(model=MODEL, prompt=["a", "b"], max_tokens=8)
+    with pytest.raises(openai.UnprocessableEntityError):  # our options are the server's, not a request's
+        ours.completions.create(model=MODEL, prompt=CODE, max_tokens=8, extra_body={"tree_budget": 4})
+    assert complete(ours, CODE) == complete(plain, CODE)

@@ -1,0 +1,185 @@
+"""HTTP session benchmark: an editor and a chat client, through the ``openai`` client, against servers
+started by ``retrieval-draft serve``.
+
+    python -m tools.bench.http_sessions [--workloads editor,chat] [--model NAME] [--out PREFIX]
+
+Servers, each its own process started here and loaded before the first request, all on one model:
+
+- ``plain``: ``retrieval-draft serve --plain`` (``transformers serve`` over the plain model folder:
+  HF's own greedy ``generate``, no prefix cache);
+- ``ours``: ``retrieval-draft serve`` (the README's defaults; prefix cache on);
+- ``ours_warm``: the same, and its editor client warms the cache as llama.vim does: before each
+  completion it sends the text above the cursor's line with ``max_tokens=0`` (read, nothing
+  generated). That request runs while the user types the line, so it is timed apart (``warm_s``)
+  and not in the completion's latency.
+
+Workloads (``tools.bench.session_workloads``): the editor (a file typed top to bottom, a 48-token
+completion at docstring ends, one import edit near the top), sent to ``/v1/completions`` as text;
+the four-turn chat, sent to ``/v1/chat/completions`` with each client's own earlier replies
+(``ours_warm`` takes no part: a chat has nothing to warm). Greedy (``temperature=0``). Requests go
+in order; at each request every server gets it once, the order rotated. Per request: the round trip
+in seconds, the text, whether it equals the plain server's. Before the sessions the server's
+overhead is measured: one-token requests on a one-token prompt (the round trip of a request that
+does almost no model work). Writes PREFIX.json and PREFIX.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tools.bench.http_servers import openai_client, served
+from tools.bench.report import load_average, machine_info, write_results
+from tools.bench.session_workloads import CHAT_NEW_TOKENS, CHAT_TURNS, EDITOR_NEW_TOKENS, editor_requests
+
+SERVERS = {"plain": ["--plain"], "ours": [], "ours_warm": []}
+WORKLOADS = ("editor", "chat")
+DEFAULT_OUT = "bench/results/http-sessions"
+OVERHEAD_REQUESTS = 5
+
+
+def timed(function, *args, **kwargs) -> tuple[object, float]:
+    """(``function(*args, **kwargs)``, its wall seconds)."""
+    started = time.perf_counter()
+    result = function(*args, **kwargs)
+    return result, time.perf_counter() - started
+
+
+def editor_session(clients: dict, model: str, requests, log) -> list[dict]:
+    """Every editor request to every server, order rotated; one record per (request, server)."""
+    records, names = [], list(clients)
+    for index, request in enumerate(requests):
+        warm_s = None
+        if "ours_warm" in clients:  # while the user types the cursor's line
+            _, warm_s = timed(clients["ours_warm"].completions.create, model=model, prompt=request.warm_text,
+                              max_tokens=0, temperature=0)
+        texts, walls = {}, {}
+        for name in names[index % len(names):] + names[: index % len(names)]:
+            answer, walls[name] = timed(clients[name].completions.create, model=model, prompt=request.text,
+                                        max_tokens=EDITOR_NEW_TOKENS, temperature=0)
+            texts[name] = answer.choices[0].text
+        for name in names:
+            records.append({"workload": "editor", "request": index, "request_id": request.request_id,
+                            "edited": request.edited, "system": name, "wall_s": round(walls[name], 4),
+                            "warm_s": round(warm_s, 4) if name == "ours_warm" and warm_s is not None else None,
+                            "chars": len(texts[name]), "identical": texts[name] == texts["plain"],
+                            "load_1m": (load_average() or [None])[0]})
+        log(f"[http] editor #{index}: " + ", ".join(f"{n} {walls[n]:.2f}s" for n in names)
+            + (f" (warm {warm_s:.2f}s)" if warm_s is not None else ""))
+    return records
+
+
+def chat_session(clients: dict, model: str, log) -> list[dict]:
+    """Every chat turn to every server, each with its own earlier replies; one record per (turn, server)."""
+    names = [name for name in clients if name != "ours_warm"]
+    histories = {name: [] for name in names}
+    records = []
+    for index, turn in enumerate(CHAT_TURNS):
+        texts, walls = {}, {}
+        for name in names[index % len(names):] + names[: index % len(names)]:
+            messages = histories[name] + [{"role": "user", "content": turn}]
+            answer, walls[name] = timed(clients[name].chat.completions.create, model=model, messages=messages,
+                                        max_tokens=CHAT_NEW_TOKENS, temperature=0)
+            texts[name] = answer.choices[0].message.content
+            histories[name] = messages + [{"role": "assistant", "content": texts[name]}]
+        for name in names:
+            records.append({"workload": "chat", "request": index, "request_id": f"turn {index + 1}", "edited": False,
+                            "system": name, "wall_s": round(walls[name], 4), "warm_s": None,
+                            "chars": len(texts[name]), "identical": texts[name] == texts["plain"],
+                            "load_1m": (load_average() or [None])[0]})
+        log(f"[http] chat turn {index + 1}: " + ", ".join(f"{n} {walls[n]:.2f}s" for n in names))
+    return records
+
+
+def overhead(client, model: str) -> float:
+    """Median round trip of a one-token completion on a one-token prompt, in seconds."""
+    walls = [timed(client.completions.create, model=model, prompt="x", max_tokens=1, temperature=0)[1]
+             for _ in range(OVERHEAD_REQUESTS)]
+    return round(statistics.median(walls), 4)
+
+
+def summarize(records: list[dict]) -> dict:
+    """Per workload and server: the plain server's round trip over its own, per request (median, range),
+    over the whole session, and how many answers equal the plain server's."""
+    out = {}
+    for workload in dict.fromkeys(r["workload"] for r in records):
+        rows = {(r["request"], r["system"]): r for r in records if r["workload"] == workload}
+        requests = sorted({request for request, _ in rows})
+        out[workload] = {}
+        for name in dict.fromkeys(system for _, system in rows):
+            ratios = [rows[i, "plain"]["wall_s"] / rows[i, name]["wall_s"] for i in requests]
+            total = sum(rows[i, "plain"]["wall_s"] for i in requests) / sum(rows[i, name]["wall_s"] for i in requests)
+            out[workload][name] = {
+                "per_request": [round(x, 3) for x in ratios], "median": round(statistics.median(ratios), 3),
+                "min": round(min(ratios), 3), "max": round(max(ratios), 3), "session": round(total, 3),
+                "identical": sum(rows[i, name]["identical"] for i in requests), "requests": len(requests),
+            }
+    return out
+
+
+def markdown(result: dict) -> str:
+    """The run as a Markdown report: the summary table, then every request."""
+    info = result["machine"]
+    lines = [f"# HTTP sessions: {result['model']} through `retrieval-draft serve`", "",
+             f"{info['date']}, {info['cpu']}, {info['cores']} cores, torch {info['torch']}, transformers "
+             f"{info['transformers']}; load average at start {info['load_avg_start']}, at end {result['load_avg_end']}.",
+             f"Command: `{result['command']}`. Cache: {result['cache']}.",
+             f"Server overhead: a one-token request on a one-token prompt takes {result['overhead_s']['plain']:.3f} s "
+             f"round trip on the plain server, {result['overhead_s']['ours']:.3f} s on ours.", "",
+             "| workload | server | plain over it, median per request (range) | session | identical |",
+             "|---|---|---:|---:|---:|"]
+    for workload, servers in result["summary"].items():
+        for name, row in servers.items():
+            if name != "plain":
+                lines.append(f"| {workload} | {name} | {row['median']:.2f}x ({row['min']:.2f}-{row['max']:.2f}x) | "
+                             f"{row['session']:.2f}x | {row['identical']}/{row['requests']} |")
+    lines += ["", "| workload | request | server | seconds | warm-up s | identical | load |", "|---|---|---|---:|---:|---|---:|"]
+    for r in result["records"]:
+        warm = "" if r["warm_s"] is None else f"{r['warm_s']:.2f}"
+        lines.append(f"| {r['workload']} | {r['request_id']}{' (edited)' if r['edited'] else ''} | {r['system']} | "
+                     f"{r['wall_s']:.2f} | {warm} | {'yes' if r['identical'] else 'NO'} | {r['load_1m']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.http_sessions", description=__doc__.split("\n")[0])
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {', '.join(WORKLOADS)}")
+    parser.add_argument("--model", default="smollm2-135m", help="the model every server loads (a name or a path)")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="results prefix (writes PREFIX.json and PREFIX.md)")
+    args = parser.parse_args(argv)
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = sorted(set(workloads) - set(WORKLOADS))
+    if unknown or not workloads:
+        parser.error(f"unknown workloads {unknown}; choose from {', '.join(WORKLOADS)}")
+    from retrieval_draft.cache_dir import cache_root
+    from retrieval_draft.model.models import load_tokenizer
+    from retrieval_draft.serving.folder import served_name
+
+    log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    requests = editor_requests(load_tokenizer(args.model)) if "editor" in workloads else []
+    names = list(SERVERS) if "editor" in workloads else ["plain", "ours"]
+    model = served_name(args.model)
+    with tempfile.TemporaryDirectory() as logs, served(*[[*SERVERS[n], "--model", args.model] for n in names],
+                                                       logs=Path(logs)) as servers:
+        clients = {name: openai_client(server) for name, server in zip(names, servers)}
+        info = machine_info()
+        costs = {name: overhead(clients[name], model) for name in ("plain", "ours")}
+        records = []
+        if "editor" in workloads:
+            records += editor_session(clients, model, requests, log)
+        if "chat" in workloads:
+            records += chat_session(clients, model, log)
+    result = {"model": args.model, "machine": info, "command": "python -m tools.bench.http_sessions " + " ".join(argv or sys.argv[1:]),
+              "cache": f"the user cache at {cache_root()} as this machine left it (cost curve and rates lived-in); "
+                       "each server starts with an empty prefix cache",
+              "overhead_s": costs, "records": records, "summary": summarize(records), "load_avg_end": load_average()}
+    write_results(args.out, result, markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
