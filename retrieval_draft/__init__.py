@@ -22,6 +22,7 @@ _EXPORTS = (  # (public name, the module that defines it)
     ("CorruptHistoryError", "retrieval_draft.errors"),
     ("CorruptRecyclingTableError", "retrieval_draft.errors"),
     ("DatastoreError", "retrieval_draft.errors"),
+    ("DatastoreNotFoundError", "retrieval_draft.errors"),
     ("EmptyCorpusError", "retrieval_draft.errors"),
     ("InvalidInputError", "retrieval_draft.errors"),
     ("ModelLoadError", "retrieval_draft.errors"),

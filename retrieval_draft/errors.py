@@ -1,6 +1,11 @@
 """Typed errors. The CLI prints ``str(error)`` as one line and exits non-zero."""
 
 
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun`` for a message, plural unless ``count`` is 1: "1 row", "2 rows"."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 class RetrievalDraftError(Exception):
     """Base of every error this project raises on purpose."""
 
@@ -19,6 +24,10 @@ class UnsupportedModelError(RetrievalDraftError):
 
 class DatastoreError(RetrievalDraftError):
     """Base of datastore errors."""
+
+
+class DatastoreNotFoundError(DatastoreError, FileNotFoundError):
+    """No datastore exists at the path given (nothing there, or a file where a store's folder was expected)."""
 
 
 class CorruptDatastoreError(DatastoreError):

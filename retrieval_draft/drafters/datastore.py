@@ -36,11 +36,19 @@ def open_checked_store(datastore: str | Path | Datastore | ShardedDatastore, *, 
     store = datastore if isinstance(datastore, OpenStore) else memory.stores.open(datastore)
     if store.vocab_size > vocab_size:
         raise TokenIdOutOfRangeError(
-            f"datastore {store.path} has vocabulary size {store.vocab_size}, larger than the model's {vocab_size}"
+            f"datastore {store.path} has vocabulary size {store.vocab_size}, larger than the model's {vocab_size}: "
+            f"it was built with another tokenizer; {_rebuild_hint(store.path)}"
         )
     if tokenizer is not None and memory.fingerprint(tokenizer) != store.fingerprint:
-        raise TokenizerMismatchError(f"datastore {store.path} was built with a different tokenizer than the model's")
+        raise TokenizerMismatchError(
+            f"datastore {store.path} was built with a different tokenizer than the model's; {_rebuild_hint(store.path)}"
+        )
     return store
+
+
+def _rebuild_hint(path) -> str:
+    """What to do with the store at ``path`` built with another tokenizer than the model's."""
+    return f"rebuild it with the model's: `retrieval-draft build SOURCES --out {path} --model <the model>`"
 
 
 StoreSpec = str | os.PathLike | Datastore | ShardedDatastore  # a store's directory, or a store already opened
@@ -50,7 +58,7 @@ def store_specs(datastore) -> list[StoreSpec]:
     """``datastore=`` (one spec, or a non-empty list / tuple of them) as a list of specs.
 
     Raises InvalidInputError for an empty list, an item of another type, or one store named
-    twice (by resolved path), and CorruptDatastoreError for a path that holds no store (a few
+    twice (by resolved path), and DatastoreNotFoundError for a path that holds no store (a few
     ``stat`` calls): all before any store is opened, which for a large store takes seconds.
     """
     from retrieval_draft.store.store_cache import store_identity
@@ -70,7 +78,7 @@ def store_specs(datastore) -> list[StoreSpec]:
         seen.add(where)
     for item in items:
         if not isinstance(item, OpenStore):
-            store_identity(item)  # raises CorruptDatastoreError for a missing store
+            store_identity(item)  # raises DatastoreNotFoundError for a missing store
     return items
 
 

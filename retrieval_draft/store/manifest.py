@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from retrieval_draft.atomic import atomic_write_bytes
-from retrieval_draft.errors import CorruptDatastoreError, UnknownFormatVersionError
+from retrieval_draft.errors import CorruptDatastoreError, DatastoreNotFoundError, UnknownFormatVersionError
 from retrieval_draft.store.layout import DATA_FILES, MANIFEST, SUPPORTED_VERSIONS
 
 HASH_CHUNK = 8 << 20
@@ -51,11 +52,20 @@ def manifest_digest(directory: Path) -> str:
     return file_sha256(Path(directory) / MANIFEST)
 
 
+def check_store_folder(directory: str | os.PathLike) -> None:
+    """Raise DatastoreNotFoundError unless ``directory`` is a folder holding a manifest (a store's
+    files are checked when read): nothing there, a file, or a folder of something else."""
+    if not os.path.isdir(directory):
+        what = "a file, not a datastore folder" if os.path.exists(directory) else "the path does not exist"
+        raise DatastoreNotFoundError(f"no datastore at {directory}: {what}")
+    if not os.path.exists(os.path.join(directory, MANIFEST)):
+        raise DatastoreNotFoundError(f"no datastore at {directory}: the folder holds no {MANIFEST}")
+
+
 def read_manifest(directory: Path) -> dict:
     """Parse manifest.json and check its version and self checksum (not the data files)."""
     path = Path(directory) / MANIFEST
-    if not Path(directory).is_dir():
-        raise CorruptDatastoreError(f"datastore not found: {directory}")
+    check_store_folder(directory)
     try:
         body = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:

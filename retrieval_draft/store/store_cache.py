@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from retrieval_draft.cache_dir import cache_file, write_cache_json
 from retrieval_draft.errors import CorruptDatastoreError
 from retrieval_draft.store.layout import DATA_FILES, MANIFEST, SHARD_PREFIX
+from retrieval_draft.store.manifest import check_store_folder
 
 if TYPE_CHECKING:
     from retrieval_draft.store.reader import Datastore
@@ -67,7 +68,9 @@ def _identity_names(resolved: str) -> list[str]:
 
 
 def store_identity(path: str | os.PathLike) -> StoreIdentity:
-    """The identity of the store at ``path``; CorruptDatastoreError when it has no manifest."""
+    """The identity of the store at ``path``; DatastoreNotFoundError when no store is there
+    (``check_store_folder``), CorruptDatastoreError when its manifest cannot be read."""
+    check_store_folder(path)
     resolved = os.path.realpath(path)
     stats = []
     for name in _identity_names(resolved):
@@ -75,7 +78,7 @@ def store_identity(path: str | os.PathLike) -> StoreIdentity:
             st = os.stat(os.path.join(resolved, name))
         except OSError as error:
             if name == MANIFEST:
-                raise CorruptDatastoreError(f"datastore not found or has no manifest: {path}") from error
+                raise CorruptDatastoreError(f"{path}: unreadable manifest ({error.strerror})") from error
             stats.append(None)  # open_datastore names the missing file
             continue
         stats.append((name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))

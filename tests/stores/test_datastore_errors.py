@@ -14,6 +14,7 @@ import pytest
 from retrieval_draft.drafters.datastore import datastore_drafters
 from retrieval_draft.errors import (
     CorruptDatastoreError,
+    DatastoreNotFoundError,
     EmptyCorpusError,
     TokenIdOutOfRangeError,
     TokenizerMismatchError,
@@ -89,9 +90,17 @@ def test_edited_manifest_field_fails_the_manifest_checksum(store_copy):
         open_datastore(store_copy)
 
 
-def test_missing_datastore_is_corrupt(tmp_path):
-    with pytest.raises(CorruptDatastoreError, match="not found"):
+def test_a_missing_datastore_says_that_no_store_exists_there(tmp_path):
+    with pytest.raises(DatastoreNotFoundError) as missing:
         open_datastore(tmp_path / "absent")
+    assert str(missing.value) == f"no datastore at {tmp_path / 'absent'}: the path does not exist"
+    assert isinstance(missing.value, FileNotFoundError)
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(DatastoreNotFoundError, match="holds no manifest.json"):
+        datastore_drafters(tmp_path / "notes", vocab_size=16)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DatastoreNotFoundError, match="a file, not a datastore folder"):
+        open_datastore(tmp_path / "file")
 
 
 def test_tokenizer_a_store_opened_with_tokenizer_b_is_a_mismatch(pristine):
@@ -105,6 +114,24 @@ def test_store_vocabulary_larger_than_the_model_is_out_of_range(pristine):
     store_vocab = open_datastore(pristine).vocab_size
     with pytest.raises(TokenIdOutOfRangeError, match="larger than the model"):
         datastore_drafters(pristine, vocab_size=store_vocab - 1)
+
+
+def test_a_store_of_another_tokenizer_says_to_rebuild_it_with_the_models(pristine):
+    """The hint is a command the program takes (parsed by its own parser)."""
+    from retrieval_draft_datastore.cli import build_parser
+
+    hint = f"rebuild it with the model's: `retrieval-draft build SOURCES --out {pristine} --model <the model>`"
+    store_vocab = open_datastore(pristine).vocab_size
+    with pytest.raises(TokenIdOutOfRangeError) as wider:
+        datastore_drafters(pristine, vocab_size=store_vocab - 1)
+    other = word_tokenizer(list(reversed(WORDS)))
+    with pytest.raises(TokenizerMismatchError) as mismatched:
+        datastore_drafters(pristine, vocab_size=len(other), tokenizer=other)
+    for error in (wider.value, mismatched.value):
+        assert str(error).endswith(hint) and "\n" not in str(error)
+    command = hint.split("`")[1].replace("<the model>", "smollm2-135m").split()
+    parsed = build_parser().parse_args(command[1:])
+    assert (parsed.command, parsed.out, parsed.model) == ("build", pristine, "smollm2-135m")
 
 
 def test_stored_ids_at_or_above_the_vocabulary_are_out_of_range(store_copy):
@@ -126,6 +153,26 @@ def test_empty_corpus_is_refused(tmp_path):
         build([str(tmp_path / "empty.txt"), str(tmp_path / "blank.jsonl")], tmp_path / "ds",
               word_tokenizer(WORDS), progress=False)
     assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["flat", "sharded"])
+def test_an_empty_corpus_names_its_sources_and_glob(tmp_path, sharded):
+    from retrieval_draft_datastore.shard_build import build_sharded
+    from retrieval_draft_datastore.sources import SourceOptions
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("the cat")
+    (tmp_path / "empty.txt").write_text("")
+    sources = [str(tmp_path / "docs"), str(tmp_path / "empty.txt")]
+    options = SourceOptions(globs=("*.py",), excludes=("test*",))
+    with pytest.raises(EmptyCorpusError) as empty:
+        if sharded:
+            build_sharded(sources, tmp_path / "ds", word_tokenizer(WORDS), 64, options=options, progress=False)
+        else:
+            build(sources, tmp_path / "ds", word_tokenizer(WORDS), options=options, progress=False)
+    assert str(empty.value) == (f"the corpus produced no tokens: no text in {sources[0]}, {sources[1]} "
+                                "(glob '*.py', exclude 'test*')")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs", "empty.txt"]
 
 
 def test_failed_build_leaves_the_previous_datastore_intact(store_copy, tmp_path):

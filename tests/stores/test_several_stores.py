@@ -9,7 +9,7 @@ import torch
 import retrieval_draft
 from retrieval_draft.decode.stats import DecodeStats
 from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
-from retrieval_draft.errors import CorruptDatastoreError, InvalidInputError
+from retrieval_draft.errors import DatastoreNotFoundError, InvalidInputError
 from retrieval_draft.memory import PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft_datastore.builder import build
@@ -131,7 +131,7 @@ def test_one_store_named_twice_is_refused(model, prompt, stores):
 
 def test_a_missing_path_in_the_list_is_refused_before_any_store_opens(model, prompt, stores, tmp_path, monkeypatch):
     memory = PluginMemory()
-    with pytest.raises(CorruptDatastoreError, match="not found"):
+    with pytest.raises(DatastoreNotFoundError, match="no datastore at .*nothing: the path does not exist"):
         _generate(model, prompt, datastore=[stores[0], tmp_path / "nothing"], draft_memory=memory)
     assert len(memory.stores) == 0
 

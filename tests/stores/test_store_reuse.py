@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import retrieval_draft
-from retrieval_draft.errors import CorruptDatastoreError, TokenizerMismatchError
+from retrieval_draft.errors import CorruptDatastoreError, DatastoreNotFoundError, TokenizerMismatchError
 from retrieval_draft.memory import PluginMemory
 from retrieval_draft.store.layout import TOKENS
 from retrieval_draft_datastore.builder import build
@@ -113,7 +113,7 @@ def test_a_cached_store_still_refuses_another_tokenizer(store_path):
 
 
 def test_a_missing_store_is_a_typed_error(tmp_path):
-    with pytest.raises(CorruptDatastoreError, match="not found"):
+    with pytest.raises(DatastoreNotFoundError, match="no datastore at .*nothing-here: the path does not exist"):
         PluginMemory().stores.open(tmp_path / "nothing-here")
 
 
