@@ -26,7 +26,7 @@ from retrieval_draft.store.tokenizer import tokenizer_fingerprint, tokenizer_voc
 from retrieval_draft_datastore.encode import encode_corpus
 from retrieval_draft_datastore.index import IndexParams, write_index
 from retrieval_draft_datastore.out_path import check_out
-from retrieval_draft_datastore.sources import SourceOptions, iter_documents
+from retrieval_draft_datastore.sources import SourceOptions, empty_corpus, iter_documents
 
 SPOOL = "tokens.spool"
 
@@ -88,9 +88,9 @@ def build(
 ) -> dict:
     """Build a datastore at ``out`` from ``sources``; returns its manifest.
 
-    Raises EmptyCorpusError, InvalidInputError (also for an ``out`` that is not ours to
-    replace, ``check_out``), TokenIdOutOfRangeError; on any failure the previous ``out``
-    is left as it was.
+    Raises EmptyCorpusError (naming the sources), InvalidInputError (also for an ``out`` that
+    is not ours to replace, ``check_out``), TokenIdOutOfRangeError; on any failure the previous
+    ``out`` is left as it was.
     """
     out = check_out(out)
     vocab_size = tokenizer_vocab_size(tokenizer)
@@ -101,6 +101,8 @@ def build(
         docs = iter_documents(sources, options)
         corpus = encode_corpus(docs, tokenizer, tmp / SPOOL, dtype=dtype, sep=separator_id(dtype),
                                vocab_size=vocab_size, progress=progress)
+        if corpus.documents == 0:
+            raise empty_corpus(sources, options)
         tokenize_seconds = time.perf_counter() - start
         tokens = np.fromfile(tmp / SPOOL, dtype=dtype)
         (tmp / SPOOL).unlink()

@@ -20,14 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval_draft.errors import EmptyCorpusError
 from retrieval_draft.store.tokenizer import tokenizer_fingerprint
 from retrieval_draft_datastore.builder import publish, store_manifest
 from retrieval_draft_datastore.index import IndexParams, write_parts
 from retrieval_draft_datastore.ray_index import index_on_ray
 from retrieval_draft_datastore.ray_run import ray_run
 from retrieval_draft_datastore.ray_tokenise import ShardTokeniser, plan_shards, tokenise_shards
-from retrieval_draft_datastore.sources import SourceOptions
+from retrieval_draft_datastore.sources import SourceOptions, empty_corpus
 
 
 def build_ray(sources: list[str], out: Path, tokenizer, *, options: SourceOptions = SourceOptions(),
@@ -47,7 +46,7 @@ def build_ray(sources: list[str], out: Path, tokenizer, *, options: SourceOption
                                              run.separator, run.vocab_size, run.workers, tokeniser, progress)
         streams = [s for s in streams if s.size]
         if documents == 0:
-            raise EmptyCorpusError("the corpus produced no tokens")
+            raise empty_corpus(sources, options)
         tokens = np.concatenate(streams)
         tokenize_seconds = time.perf_counter() - start
         if progress:

@@ -18,11 +18,11 @@ from typing import Iterator
 import numpy as np
 
 from retrieval_draft.atomic import temp_dir_next_to
-from retrieval_draft.errors import DatastoreError, EmptyCorpusError, InvalidInputError, RetrievalDraftError
+from retrieval_draft.errors import DatastoreError, InvalidInputError, RetrievalDraftError
 from retrieval_draft.store.layout import separator_id, token_dtype
 from retrieval_draft.store.tokenizer import tokenizer_vocab_size
 from retrieval_draft_datastore.out_path import check_out
-from retrieval_draft_datastore.sources import SourceOptions, plan_files
+from retrieval_draft_datastore.sources import SourceOptions, empty_corpus, plan_files
 
 
 def import_ray():
@@ -106,7 +106,7 @@ def ray_run(sources: list[str], options: SourceOptions, out: Path, tokenizer, ad
     vocab_size = tokenizer_vocab_size(tokenizer)
     dtype, files = token_dtype(vocab_size), plan_files(sources, options)
     if not files:
-        raise EmptyCorpusError("the sources hold no files to read")
+        raise empty_corpus(sources, options)
     started = connect(ray, address, workers)
     tmp = temp_dir_next_to(out)
     try:

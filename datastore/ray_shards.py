@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from retrieval_draft.errors import EmptyCorpusError
 from retrieval_draft.store.layout import shard_name
 from retrieval_draft.store.tokenizer import tokenizer_fingerprint
 from retrieval_draft_datastore.builder import publish
@@ -28,7 +27,7 @@ from retrieval_draft_datastore.shard_build import (
     check_shard_tokens, split_shards, write_shard, write_sharded_manifest, write_store_table,
 )
 from retrieval_draft_datastore.shard_table import count_range
-from retrieval_draft_datastore.sources import SourceOptions
+from retrieval_draft_datastore.sources import SourceOptions, empty_corpus
 
 TASK_RETRIES = 3
 
@@ -71,7 +70,7 @@ def build_sharded_ray(sources: list[str], out: Path, tokenizer, shard_tokens: in
         pieces, documents = tokenise_shards(plan_shards(run.files, run.workers), tokenizer, options, run.dtype,
                                             run.separator, run.vocab_size, run.workers, tokeniser, progress)
         if documents == 0:
-            raise EmptyCorpusError("the corpus produced no tokens")
+            raise empty_corpus(sources, options)
         tokenize_seconds = time.perf_counter() - start
         header = {"vocab_size": run.vocab_size, "fingerprint": tokenizer_fingerprint(tokenizer)}
         start = time.perf_counter()

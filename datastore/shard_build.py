@@ -39,7 +39,7 @@ from retrieval_draft_datastore.encode import encode_chunks
 from retrieval_draft_datastore.index import IndexParams, _ngram_columns, write_index
 from retrieval_draft_datastore.out_path import check_out
 from retrieval_draft_datastore.shard_table import bucket_rows, count_range, join_ranges, table_cuts
-from retrieval_draft_datastore.sources import SourceOptions, iter_documents
+from retrieval_draft_datastore.sources import SourceOptions, empty_corpus, iter_documents
 
 
 def check_shard_tokens(shard_tokens: int) -> int:
@@ -173,5 +173,8 @@ def build_sharded(sources: list[str], out: Path, tokenizer, shard_tokens: int, *
     header = {"vocab_size": vocab_size, "fingerprint": tokenizer_fingerprint(tokenizer)}
     chunks = encode_chunks(iter_documents(sources, options), tokenizer, dtype=dtype, sep=separator_id(dtype),
                            vocab_size=vocab_size)
-    return build_sharded_from_chunks(chunks, out, header, dtype, params, shard_tokens,
-                                     extra={"engine": "local"}, progress=progress)
+    try:
+        return build_sharded_from_chunks(chunks, out, header, dtype, params, shard_tokens,
+                                         extra={"engine": "local"}, progress=progress)
+    except EmptyCorpusError:
+        raise empty_corpus(sources, options) from None

@@ -4,8 +4,8 @@ pyarrow reads, and through fsspec, when installed, the ones it reads).
 
 Memory stays bounded: one file (or one Parquet record batch) at a time.
 Order is deterministic: sources in the given order, directory entries sorted.
-``plan_files`` lists the files first (so a missing source fails before any
-work); ``file_documents`` reads one of them, which lets a distributed build
+``plan_files`` lists the files first (so a missing source, or a binary file named as
+one, fails before any work); ``file_documents`` reads one of them, which lets a distributed build
 hand files to workers in the same order.
 """
 
@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.errors import EmptyCorpusError, InvalidInputError
 
 BINARY_SNIFF_BYTES = 8192
+STRUCTURED_SUFFIXES = (".jsonl", ".parquet")  # read by record; every other file is one document of text
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,8 @@ def is_url(source: str) -> bool:
 
 
 def plan_files(sources: list[str], options: SourceOptions) -> list[SourceFile]:
-    """Every file of ``sources`` in reading order. Raises InvalidInputError for a missing source."""
+    """Every file of ``sources`` in reading order. Raises InvalidInputError for a missing source
+    and for a binary file named as one (``check_named_text``)."""
     files: list[SourceFile] = []
     for source in sources:
         if is_url(source):
@@ -85,7 +87,42 @@ def plan_files(sources: list[str], options: SourceOptions) -> list[SourceFile]:
             files.append(SourceFile(str(path), False, path.stat().st_size))
         else:
             raise InvalidInputError(f"source not found: {source}")
+    for file in files:
+        if not file.from_directory:
+            check_named_text(file.location)
     return files
+
+
+def is_binary(head: bytes) -> bool:
+    """Whether a file that begins with ``head`` is binary: a NUL byte in its first ``BINARY_SNIFF_BYTES``.
+    A binary file found in a folder is skipped; one named as a source is refused."""
+    return b"\x00" in head[:BINARY_SNIFF_BYTES]
+
+
+def check_named_text(location: str) -> None:
+    """InvalidInputError when the file named as a source at ``location`` is binary (``is_binary``);
+    .jsonl and .parquet files are read by record and pass."""
+    if _suffix(location) in STRUCTURED_SUFFIXES:
+        return
+    with _open(location) as handle:
+        head = handle.read(BINARY_SNIFF_BYTES)
+    if is_binary(head):
+        raise InvalidInputError(f"source {location} is not a text file (a NUL byte in its first "
+                                f"{BINARY_SNIFF_BYTES} bytes); name text, .jsonl or .parquet files")
+
+
+def _suffix(location: str) -> str:
+    """The lower-case extension of the file at a path or URL ("" when none)."""
+    return Path(location.rsplit("/", 1)[-1]).suffix.lower()
+
+
+def empty_corpus(sources: list[str], options: SourceOptions) -> EmptyCorpusError:
+    """The error for ``sources`` that produced no token, naming them and the file patterns
+    that chose files inside folders (``--glob``, ``--exclude``)."""
+    chosen = f"glob {', '.join(map(repr, options.globs))}"
+    if options.excludes:
+        chosen += f", exclude {', '.join(map(repr, options.excludes))}"
+    return EmptyCorpusError(f"the corpus produced no tokens: no text in {', '.join(map(str, sources))} ({chosen})")
 
 
 def path_selected(parts: tuple[str, ...], options: SourceOptions) -> bool:
@@ -147,8 +184,7 @@ def _open(location: str):
 
 def file_documents(file: SourceFile, options: SourceOptions) -> Iterator[str]:
     """Documents of one file, chosen by extension: .jsonl, .parquet, else the whole file."""
-    name = file.location.rsplit("/", 1)[-1]
-    suffix = Path(name).suffix.lower()
+    suffix = _suffix(file.location)
     with _open(file.location) as handle:
         if suffix == ".jsonl":
             yield from _jsonl_documents(handle, file.location, options.field)
@@ -162,7 +198,7 @@ def file_documents(file: SourceFile, options: SourceOptions) -> Iterator[str]:
 
 def _read_text(data: bytes, *, skip_binary: bool) -> str | None:
     """File contents as text (undecodable bytes replaced); binary files in directories are skipped."""
-    if skip_binary and b"\x00" in data[:BINARY_SNIFF_BYTES]:
+    if skip_binary and is_binary(data):
         return None
     return data.decode("utf-8", errors="replace")
 

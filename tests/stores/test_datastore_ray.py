@@ -155,3 +155,20 @@ def test_ray_and_local_sharded_builds_are_byte_identical_per_shard(runtime, tmp_
     assert (tmp_path / "local" / NGRAM).read_bytes() == (tmp_path / "ray" / NGRAM).read_bytes()
     assert remote["stats"]["engine"] == "ray (2 workers)" and sorted(os.listdir(tmp_path)) == ["local", "ray"]
     assert len(open_datastore(tmp_path / "ray").shards) == len(local["shards"])
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["flat", "sharded"])
+def test_a_ray_build_of_no_files_names_its_sources_and_glob_before_ray_starts(tmp_path, sharded):
+    from retrieval_draft.errors import EmptyCorpusError
+    from tests.datastore_fixtures import word_tokenizer
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "notes.txt").write_text("no python here")
+    sources, tokenizer = [str(tmp_path / "docs")], word_tokenizer(["no"])
+    with pytest.raises(EmptyCorpusError) as empty:
+        if sharded:
+            build_sharded_ray(sources, tmp_path / "ds", tokenizer, SHARD_TOKENS, options=PY, progress=False)
+        else:
+            build_ray(sources, tmp_path / "ds", tokenizer, options=PY, progress=False)
+    assert str(empty.value) == f"the corpus produced no tokens: no text in {sources[0]} (glob '*.py')"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs"]
