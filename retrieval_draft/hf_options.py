@@ -28,16 +28,21 @@ def _over(limit):
     return lambda value: value is not None and value > limit
 
 
-# option -> (is it set so that honouring it needs what we cannot do?, why); the specific before num_beams
+_ONE_SEQUENCE = "retrieval_draft decodes one sequence"
+
+# option -> (is it set so that honouring it needs what we cannot do?, why: a reason that completes
+# "OPTION=VALUE is not supported: ", never repeating it); the specific before num_beams
 _REFUSED: "MappingProxyType[str, tuple[Callable, str]]" = MappingProxyType({
-    "num_beam_groups": (_over(1), "group beam search is not supported"),
+    "num_beam_groups": (_over(1), "group beam search keeps several beams; " + _ONE_SEQUENCE),
     "num_return_sequences": (_over(1), "one sequence per call; call generate again for more samples"),
-    "constraints": (lambda v: v is not None, "constrained beam search is not supported"),
-    "force_words_ids": (lambda v: v is not None, "constrained beam search is not supported"),
-    "num_beams": (_over(1), "beam search is not supported; retrieval_draft decodes one sequence"),
+    "constraints": (lambda v: v is not None, "constrained beam search keeps several beams; " + _ONE_SEQUENCE),
+    "force_words_ids": (lambda v: v is not None, "constrained beam search keeps several beams; " + _ONE_SEQUENCE),
+    "num_beams": (_over(1), "beam search keeps several beams; " + _ONE_SEQUENCE),
     "output_attentions": (bool, "attentions of a verified token tree are not HF's per-token attentions"),
     "output_hidden_states": (bool, "hidden states of a verified token tree are not HF's per-token states"),
-    "dola_layers": (lambda v: v is not None, "DoLa decoding is not supported"),
+    "dola_layers": (
+        lambda v: v is not None, "DoLa decoding contrasts early layers' logits, which a verified tree does not compute"
+    ),
     "guidance_scale": (
         lambda v: v is not None and v != 1,
         "classifier-free guidance runs the model inside a stateful processor",
@@ -47,7 +52,7 @@ _REFUSED: "MappingProxyType[str, tuple[Callable, str]]" = MappingProxyType({
         "HF's own prompt lookup; retrieval_draft drafts by itself (prompt lookup included)",
     ),
     "assistant_early_exit": (lambda v: v is not None, "HF's self-speculation; retrieval_draft drafts by itself"),
-    "use_mtp": (bool, "multi-token-prediction drafting is not supported; retrieval_draft drafts by itself"),
+    "use_mtp": (bool, "multi-token-prediction drafting; retrieval_draft drafts by itself"),
     "watermarking_config": (
         lambda v: isinstance(v, SynthIDTextWatermarkingConfig),
         "SynthID watermarking keeps per-call state and cannot score a tree",

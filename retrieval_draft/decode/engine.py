@@ -24,7 +24,7 @@ from retrieval_draft.config import DEFAULTS, check_setting
 from retrieval_draft.decode.readout import TreeJob, verify_trees
 from retrieval_draft.decode.verify import LogitsProcessor, Verdict
 from retrieval_draft.drafters.base import Drafter
-from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.errors import InvalidInputError, counted
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.planning.timing import ForwardTimer
 from retrieval_draft.model.row_processors import row_processors
@@ -137,7 +137,9 @@ def speculative_decode(
         B arrays of new tokens (shape (m_i,)), and statistics.
     """
     if len(drafters) != input_ids.shape[0]:
-        raise InvalidInputError(f"{len(drafters)} drafter lists for {input_ids.shape[0]} rows: pass one list per row")
+        raise InvalidInputError(
+            f"{counted(len(drafters), 'drafter list')} for {counted(input_ids.shape[0], 'row')}: pass one list per row"
+        )
     planner = planner if planner is not None else TreePlanner(tree_budget=DEFAULTS.tree_budget)
     stats = DecodeStats(rows=input_ids.shape[0])
     if attention_mask is None:  # no padding: every row starts at slot 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.errors import InvalidInputError, counted
 from retrieval_draft.model.prefix_reuse import RowSeed
 
 CACHE_KWARGS = ("cache", "past_key_values")  # transformers 5.24's name first, then the older one
@@ -54,7 +54,8 @@ def given_seeds(cache: DynamicCache, input_ids: torch.Tensor, mask: torch.Tensor
     if held >= length + 1:
         raise InvalidInputError(f"the cache passed to generate holds {held} tokens, more than the prompt's {length}")
     if any(layer.keys.shape[0] != rows for layer in layers):
-        raise InvalidInputError(f"the cache passed to generate holds {layers[0].keys.shape[0]} rows; the prompt has {rows}")
+        held_rows = counted(layers[0].keys.shape[0], "row")
+        raise InvalidInputError(f"the cache passed to generate holds {held_rows}; the prompt has {rows}")
     if any(layer.keys.shape[-2] != held for layer in layers) or len(layers) != len(cache.layers):
         raise InvalidInputError(
             "the cache passed to generate does not hold every row of its tokens in every layer (a sliding-window "

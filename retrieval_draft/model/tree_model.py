@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from retrieval_draft.errors import InvalidInputError, UnsupportedModelError
+from retrieval_draft.errors import InvalidInputError, UnsupportedModelError, counted
 from retrieval_draft.tree import DraftTree
 from retrieval_draft.model.attention_layout import CHAIN, attention_layout
 from retrieval_draft.model.chain_probe import probe_chain_forward
@@ -155,7 +155,7 @@ class TreeModel:
         ``verifiable``) as the forward's inputs on the model's device: tokens, position ids
         and mask in ONE host copy (host work only; nothing is written to the cache)."""
         if len(trees) != self.rows:
-            raise InvalidInputError(f"{len(trees)} trees for a batch of {self.rows} rows")
+            raise InvalidInputError(f"{counted(len(trees), 'tree')} for a batch of {counted(self.rows, 'row')}")
         chain = self.layout.mode == CHAIN
         if chain and any(tree.size != int(tree.depths[-1]) + 1 for tree in trees):
             raise InvalidInputError("this model verifies chains only: pass TreeModel.verifiable(tree)")

@@ -164,6 +164,14 @@ def test_options_that_cannot_be_honoured_are_refused_by_name_before_model_work(t
     assert not forwards
 
 
+@pytest.mark.parametrize("option, kwargs", REFUSED, ids=[option for option, _ in REFUSED])
+def test_a_refusal_is_one_sentence_that_says_not_supported_once(tiny_llama, option, kwargs):
+    with pytest.raises(InvalidInputError) as refused:
+        ours(tiny_llama, random_prompt(5), 8, [PromptLookupDrafter()], **kwargs)
+    message = str(refused.value)
+    assert message.count("not supported") == 1 and "\n" not in message, message
+
+
 def test_an_assistant_model_is_refused_by_name_before_model_work(tiny_llama):
     assistant = make_tiny_llama(seed=9)
     forwards = []
