@@ -70,8 +70,10 @@ def generate(
     Options ``generate`` cannot have honoured here (beams, several sequences,
     attentions, hidden states, other speculative methods: ``hf_options.check_options``)
     raise ``InvalidInputError`` before any model work. ``tokenizer`` (for
-    ``stop_strings``) and ``assistant_model`` are ``generate``'s own, passed on
-    by ``hf_options.receives_generate_kwargs``; an assistant model is refused.
+    ``stop_strings``), ``streamer`` and ``assistant_model`` are ``generate``'s own, passed on
+    by ``model.generate_kwargs.receives_generate_kwargs``; an assistant model is refused.
+    ``streamer`` (one sequence) receives what plain ``generate`` streams: the prompt (put by
+    ``generate`` itself), every new token once, in order, then ``end()``.
 
     Args (ours; the rest come from ``generate``):
         drafters: registry names (``prompt``, ``ngram``, ...: a list, or a comma-separated
@@ -98,9 +100,9 @@ def generate(
             process); False verifies ``tree_budget`` nodes every step.
         draft_planner: a ``TreePlanner`` to reuse across calls, so what it
             learned about acceptance carries over; overrides the two above.
-        draft_streamer: an HF streamer (``put``/``end``); ``generate`` drops its own
-            ``streamer`` for custom callables, so pass it here. A batch takes a list of
-            one streamer per row.
+        draft_streamer: an HF streamer (``put``/``end``), as ``streamer=``; a batch takes
+            a list of one streamer per row (each fed its row's prompt, new tokens and ``end``).
+            Give one of ``streamer`` and ``draft_streamer``.
         draft_stats: a ``DecodeStats`` to fill in with this call's statistics.
         draft_seed: seed for sampling; the same seed gives the same output.
         prefix_cache_bytes: most bytes of KV rows kept per model, so that a later call whose
@@ -123,7 +125,8 @@ def generate(
     rows = input_ids.shape[0]
     ours = plugin_keywords(
         rows, drafters=drafters, datastore=datastore, draft_tokenizer=draft_tokenizer, tokenizer=tokenizer,
-        draft_planner=draft_planner, draft_streamer=draft_streamer, draft_stats=draft_stats, draft_memory=draft_memory,
+        draft_planner=draft_planner, streamer=streamer, draft_streamer=draft_streamer, draft_stats=draft_stats,
+        draft_memory=draft_memory,
         tree_budget=tree_budget, max_draft_len=max_draft_len, adaptive_tree=adaptive_tree,
         draft_learning=draft_learning, draft_seed=draft_seed, prefix_cache_bytes=prefix_cache_bytes,
     )
@@ -156,20 +159,20 @@ def generate(
             planner = make_planner(model, config, options.do_sample, memory, can_probe)
         else:
             planner = ours.planner
-        for row, streamer in enumerate(streamers):
-            if streamer is not None:
-                streamer.put(input_ids[row : row + 1, attention_mask[row].bool()].cpu())
+        for row, row_streamer in enumerate(streamers):
+            if row_streamer is not None and not ours.prompt_streamed:
+                row_streamer.put(input_ids[row : row + 1, attention_mask[row].bool()].cpu())
         outputs, stats = speculative_decode(
             tree_model, input_ids.cpu(), given, options, attention_mask=attention_mask,
             planner=planner, processor=logits_processor,
             generator=_sampling_generator(config.draft_seed) if options.do_sample else None,
             should_stop=_extra_stop_check(stopping_criteria),
-            sinks=[_sinks(streamer, recorder) for streamer, recorder in zip(streamers, recorders)],
+            sinks=[_sinks(row_streamer, recorder) for row_streamer, recorder in zip(streamers, recorders)],
         )
         finish_reuse(tree_model.reuse, tree_model, input_ids, attention_mask, outputs, stats)
-        for streamer in streamers:
-            if streamer is not None:
-                streamer.end()
+        for row_streamer in streamers:
+            if row_streamer is not None:
+                row_streamer.end()
         memory.after_call(model)
         if config.draft_learning and ours.planner is None:
             memory.save_learned(model)

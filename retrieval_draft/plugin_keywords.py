@@ -16,7 +16,7 @@ from retrieval_draft.config import DraftConfig
 from retrieval_draft.decode.stats import DecodeStats
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.registry import DRAFTERS, known_names
-from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.errors import InvalidInputError, counted
 from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
 
@@ -35,6 +35,8 @@ class PluginKeywords:
             else ``generate``'s ``tokenizer=``), or None.
         planner: a caller's ``TreePlanner``, or None.
         streamers: one streamer (or None) per row.
+        prompt_streamed: the streamers have had the prompt already (HF's own ``streamer=``,
+            which ``generate`` gives the prompt before calling the decoding function).
         stats: the ``DecodeStats`` to fill in, or None.
         memory: the ``PluginMemory`` this call reads and teaches.
     """
@@ -46,14 +48,16 @@ class PluginKeywords:
     tokenizer: object
     planner: TreePlanner | None
     streamers: list
+    prompt_streamed: bool
     stats: DecodeStats | None
     memory: PluginMemory
 
 
 def plugin_keywords(rows: int, *, drafters=None, datastore=None, draft_tokenizer=None, tokenizer=None,
-                    draft_planner=None, draft_streamer=None, draft_stats=None, draft_memory=None,
+                    draft_planner=None, streamer=None, draft_streamer=None, draft_stats=None, draft_memory=None,
                     **settings) -> PluginKeywords:
-    """Every keyword of ours for a call of ``rows`` rows, checked; ``settings`` are ``DraftConfig``'s fields."""
+    """Every keyword of ours for a call of ``rows`` rows, checked; ``settings`` are ``DraftConfig``'s fields.
+    ``tokenizer`` and ``streamer`` are ``generate``'s own (``model.generate_kwargs``)."""
     config = DraftConfig(**settings)
     instances, names = drafter_rows(drafters, rows)
     if instances is not None and datastore is not None:
@@ -68,7 +72,8 @@ def plugin_keywords(rows: int, *, drafters=None, datastore=None, draft_tokenizer
     return PluginKeywords(
         config=config, drafters=instances, names=names, datastore=datastore,
         tokenizer=draft_tokenizer if draft_tokenizer is not None else tokenizer, planner=draft_planner,
-        streamers=row_streamers(draft_streamer, rows), stats=draft_stats,
+        streamers=row_streamers(_one_streamer(streamer, draft_streamer, rows), rows),
+        prompt_streamed=streamer is not None, stats=draft_stats,
         memory=draft_memory if draft_memory is not None else PROCESS_MEMORY,
     )
 
@@ -104,7 +109,7 @@ def drafter_rows(drafters, rows: int) -> tuple[list[list[Drafter]] | None, tuple
     if not per_row:
         raise InvalidInputError(
             f"drafters= takes drafter names ({', '.join(DRAFTERS)}), Drafter instances, or one list per row "
-            f"({rows} rows) of instances; got {_described(drafters)}"
+            f"({counted(rows, 'row')}) of instances; got {_described(drafters)}"
         )
     return [list(row) for row in items], None
 
@@ -117,6 +122,19 @@ def _described(value) -> str:
     return type(value).__name__
 
 
+def _one_streamer(streamer, draft_streamer, rows: int):
+    """The streamer of a call given HF's ``streamer=`` and our ``draft_streamer=``: at most one of
+    the two; HF's takes one sequence (``generate`` has given it the whole batch's prompt in one piece)."""
+    if streamer is None:
+        return draft_streamer
+    if draft_streamer is not None:
+        raise InvalidInputError("give one streamer: streamer= or draft_streamer=, not both")
+    if rows != 1:
+        raise InvalidInputError(f"streamer= takes one sequence; for {counted(rows, 'row')} pass "
+                                "draft_streamer= a list of one streamer per row")
+    return streamer
+
+
 def row_streamers(streamer, rows: int) -> list:
     """``draft_streamer=`` as one streamer (or None) per row: one row takes a streamer, a batch
     a list of ``rows`` streamers, each fed its row's prompt (real tokens, shape (1, n)), new
@@ -126,7 +144,9 @@ def row_streamers(streamer, rows: int) -> list:
     if rows == 1 and not isinstance(streamer, (list, tuple)):
         streamers = [streamer]
     elif not isinstance(streamer, (list, tuple)) or len(streamer) != rows:
-        raise InvalidInputError(f"draft_streamer for a batch of {rows} rows takes a list of {rows} streamers, one per row")
+        raise InvalidInputError(
+            f"draft_streamer for {counted(rows, 'row')} takes a list of {counted(rows, 'streamer')}, one per row"
+        )
     else:
         streamers = list(streamer)
     for item in streamers:

@@ -1,10 +1,11 @@
 """Plumbing of ``generate``'s own arguments into a ``custom_generate`` callable, and EOS ids.
 
-transformers 5.x drops ``generate``'s ``tokenizer`` (and ``assistant_model``)
-for a callable ``custom_generate`` before building the stopping criteria, so
-``stop_strings`` fails with its missing-tokenizer error.
-``receives_generate_kwargs`` marks our callable so that those arguments reach
-it; ``stop_strings`` then stops exactly where HF stops. This module and the
+transformers 5.x drops ``generate``'s ``tokenizer``, ``assistant_model`` and
+``streamer`` for a callable ``custom_generate``: ``stop_strings`` fails with its
+missing-tokenizer error, and a streamer gets the prompt (``generate`` puts it before
+calling the callable) and nothing more. ``receives_generate_kwargs`` marks our
+callable so that those arguments reach it; ``stop_strings`` then stops exactly where
+HF stops, and the streamer receives every new token and ``end()``. This module and the
 rest of ``model`` are the only code touching transformers internals.
 """
 
@@ -16,7 +17,8 @@ from typing import Callable
 
 from transformers.generation.utils import GenerationMixin
 
-# Marks callables that receive ``generate``'s ``tokenizer`` / ``assistant_model``, which transformers drops.
+# Marks callables that receive ``generate``'s ``tokenizer`` / ``assistant_model`` / ``streamer``, which
+# transformers drops.
 RECEIVES_GENERATE_KWARGS = "__retrieval_draft_receives_generate_kwargs__"
 
 
@@ -37,8 +39,8 @@ def pad_token_id(generation_config, eos_ids: frozenset[int]) -> int:
 
 def receives_generate_kwargs(function: Callable) -> Callable:
     """Register ``function`` (a ``custom_generate`` callable) to receive ``generate``'s
-    ``tokenizer`` and ``assistant_model`` where its signature names them; returns ``function``
-    unchanged."""
+    ``tokenizer``, ``assistant_model`` and ``streamer`` where its signature names them (a streamer
+    that arrives so has been given the prompt already); returns ``function`` unchanged."""
     _install_pass_through()
     setattr(function, RECEIVES_GENERATE_KWARGS, True)
     return function
@@ -48,7 +50,7 @@ def _install_pass_through() -> None:
     """Wrap ``GenerationMixin._extract_generation_mode_kwargs`` once (no-op where it is absent).
 
     This is the one process-wide change to transformers this library makes: the
-    wrapper adds ``tokenizer`` / ``assistant_model`` back only for callables marked
+    wrapper adds ``tokenizer`` / ``assistant_model`` / ``streamer`` back only for callables marked
     by ``receives_generate_kwargs``; every other ``generate`` call is unchanged.
     """
     original = getattr(GenerationMixin, "_extract_generation_mode_kwargs", None)
@@ -60,7 +62,8 @@ def _install_pass_through() -> None:
     def extract(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs).arguments
         custom, extra = bound.get("custom_generate"), bound.get("kwargs") or {}
-        given = {"tokenizer": extra.get("tokenizer"), "assistant_model": bound.get("assistant_model")}
+        given = {"tokenizer": extra.get("tokenizer"), "assistant_model": bound.get("assistant_model"),
+                 "streamer": bound.get("streamer")}
         mode_kwargs = original(self, *args, **kwargs)
         target = custom.func if isinstance(custom, functools.partial) else custom
         if getattr(target, RECEIVES_GENERATE_KWARGS, False):

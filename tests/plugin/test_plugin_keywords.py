@@ -176,3 +176,14 @@ def test_a_store_with_drafter_instances_is_refused_rather_than_ignored(word_stor
     with pytest.raises(retrieval_draft.InvalidInputError, match="datastore= drafts through the default drafters"):
         plugin_keywords(1, drafters=[PromptLookupDrafter()], datastore=word_store)
     assert plugin_keywords(1, drafters=["prompt", "ngram"], datastore=word_store).names == ("prompt", "ngram")
+
+
+def test_counts_in_messages_are_singular_for_one_and_plural_otherwise():
+    """"one list per row (1 row)", not "(1 rows)"."""
+    for rows, shown in ((1, "(1 row)"), (2, "(2 rows)")):
+        with pytest.raises(retrieval_draft.InvalidInputError) as caught:
+            plugin_keywords(rows, drafters=[[PromptLookupDrafter()]] * (rows + 1))
+        assert f"one list per row {shown} of instances" in str(caught.value)
+    with pytest.raises(retrieval_draft.InvalidInputError) as caught:
+        plugin_keywords(1, draft_streamer=[object(), object()])
+    assert "for 1 row takes a list of 1 streamer," in str(caught.value)
