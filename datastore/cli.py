@@ -6,7 +6,7 @@
 
 It lives with the builder because it joins both packages, and imports run one
 way: from here into the runtime. Errors we raise on purpose print as one line
-(``error: ...``) with exit code 2.
+(``error: ...``) with exit code 2; Ctrl-C prints ``interrupted`` with exit code 130.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from retrieval_draft import __version__
 from retrieval_draft.cache_command import add_cache
 from retrieval_draft.cli import add_generate, run
 from retrieval_draft_datastore.commands import register
@@ -21,8 +22,14 @@ from retrieval_draft_datastore.commands import register
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="retrieval-draft", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="retrieval-draft",
+        description="Generate text faster with retrieval drafts, and build the datastores they draft from.",
+    )
+    parser.add_argument("--version", action="version", version=f"retrieval-draft {__version__}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="the command to run (retrieval-draft COMMAND --help shows its options)")
     add_generate(sub)
     register(sub)  # build, repo, inspect, merge, stats
     add_cache(sub)

@@ -18,7 +18,7 @@ from retrieval_draft.store.opening import open_datastore
 from retrieval_draft.store.sharded import ShardedDatastore
 from retrieval_draft_datastore.index import IndexParams
 from retrieval_draft_datastore.out_path import check_out
-from retrieval_draft_datastore.sources import SourceOptions
+from retrieval_draft_datastore.sources import SourceOptions, plan_files
 
 
 def _add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
@@ -63,16 +63,16 @@ def register(subparsers) -> None:
     b.set_defaults(func=cmd_build)
     _register_repo(subparsers)
     i = subparsers.add_parser("inspect", help="describe a datastore and show continuations of a query")
-    i.add_argument("path", type=Path)
+    i.add_argument("path", type=Path, help="datastore folder built by `build`, `repo` or `merge`")
     i.add_argument("--query", help="text whose continuations to show (needs the tokenizer)")
     _add_tokenizer_args(i)
     i.set_defaults(func=cmd_inspect)
     s = subparsers.add_parser("stats", help="datastore numbers as JSON")
-    s.add_argument("path", type=Path)
+    s.add_argument("path", type=Path, help="datastore folder built by `build`, `repo` or `merge`")
     s.set_defaults(func=cmd_stats)
     m = subparsers.add_parser("merge", help="merge two datastores built with the same tokenizer")
-    m.add_argument("first", type=Path)
-    m.add_argument("second", type=Path)
+    m.add_argument("first", type=Path, help="datastore whose documents come first")
+    m.add_argument("second", type=Path, help="datastore whose documents follow (same tokenizer as the first)")
     m.add_argument("--out", required=True, type=Path,
                    help="new or empty folder, or a datastore to replace (anything else is refused)")
     m.set_defaults(func=cmd_merge)
@@ -138,7 +138,8 @@ def cmd_build(args) -> int:
         from retrieval_draft_datastore.shard_build import check_shard_tokens
 
         check_shard_tokens(args.shard_tokens)
-    check_out(args.out)  # all before loading the tokenizer
+    check_out(args.out)
+    plan_files(args.sources, options)  # a missing or binary source: all before loading the tokenizer
     manifest = _run_build(args, params, options)
     stats = manifest["stats"]
     _compile_query_kernels(args.out)

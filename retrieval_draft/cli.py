@@ -2,7 +2,7 @@
 
 The program itself (``retrieval_draft_datastore.cli``) adds the builder's
 commands. Errors we raise on purpose print as one line (``error: ...``) with
-exit code 2 (``run``).
+exit code 2, and Ctrl-C ends any command with ``interrupted`` and exit code 130 (``run``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def add_generate(sub) -> None:
     source.add_argument("--prompt-file", help="read the prompt from this file")
     gen.add_argument("--model", default=None, help="local HF model directory or .gguf file (default: SmolLM2-135M)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default: 128)")
     gen.add_argument(
         "--datastore", action="append", default=None,
         help="datastore directory built by `retrieval-draft build` or `repo`; repeat to draft from several "
@@ -56,8 +56,9 @@ def add_generate(sub) -> None:
     gen.add_argument("--fixed-tree", action="store_true", help="always verify --tree-budget nodes (no cost-aware sizing)")
     gen.add_argument("--max-draft-len", type=int, default=DEFAULTS.max_draft_len, help="deepest draft path in tokens")
     gen.add_argument("--temperature", type=float, default=None, help="sample at this temperature (default: greedy)")
-    gen.add_argument("--top-k", type=int, default=None)
-    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--top-k", type=int, default=None, help="with --temperature: sample from the K likeliest tokens")
+    gen.add_argument("--top-p", type=float, default=None,
+                     help="with --temperature: sample from the likeliest tokens holding probability P (nucleus)")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed; the same seed gives the same output")
     gen.add_argument("--compare", action="store_true", help="also run plain HF generate and print both speeds")
     gen.set_defaults(func=run_generate)
@@ -65,7 +66,9 @@ def add_generate(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run a parsed subcommand; errors we raise on purpose print as one line and return 2; a reader
-    that stops early (``retrieval-draft stats S | head``) ends it quietly with 141, as SIGPIPE would."""
+    that stops early (``retrieval-draft stats S | head``) ends it quietly with 141, as SIGPIPE would;
+    Ctrl-C prints ``interrupted`` and returns 130, as a shell reports SIGINT (each command writes its
+    files atomically, so nothing is left half-written)."""
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader gone fails here, not in the interpreter's flush at exit
@@ -79,13 +82,16 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, IsADirectoryError, PermissionError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 def run_generate(args: argparse.Namespace) -> int:
     """Generate once (and, with --compare, side by side with plain HF generate)."""
     _check_numbers(args)
     _check_drafters(args)
-    prompt = args.prompt if args.prompt is not None else open(args.prompt_file, encoding="utf-8").read()
+    prompt = _prompt(args)
     if not prompt.strip():
         raise InvalidInputError("the prompt is empty")
     from retrieval_draft.model.models import model_location
@@ -131,6 +137,21 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.history:
         session.history.save(args.history, tokenizer=session.tokenizer)
     return 0
+
+
+def _prompt(args: argparse.Namespace) -> str:
+    """``--prompt``, or the text of the file ``--prompt-file`` names; InvalidInputError naming the
+    flag and the path for a file that is missing, unreadable or not UTF-8 text."""
+    if args.prompt is not None:
+        return args.prompt
+    try:
+        return Path(args.prompt_file).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidInputError(f"--prompt-file {args.prompt_file}: no such file") from None
+    except OSError as error:
+        raise InvalidInputError(f"--prompt-file {args.prompt_file}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise InvalidInputError(f"--prompt-file {args.prompt_file}: not UTF-8 text") from None
 
 
 def _check_numbers(args: argparse.Namespace) -> None:

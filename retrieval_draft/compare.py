@@ -16,7 +16,7 @@ from retrieval_draft.session import GenerationRequest, Session
 
 @dataclass(frozen=True)
 class Comparison:
-    """One side-by-side run. Times in seconds."""
+    """One side-by-side run. Times in seconds; ``sampled``: both runs sampled (else greedy)."""
 
     text: str
     new_tokens: int
@@ -25,6 +25,7 @@ class Comparison:
     ours_wall_s: float
     identical: bool | None
     stats: DecodeStats
+    sampled: bool = False
 
     @property
     def plain_tokens_per_s(self) -> float:
@@ -38,13 +39,18 @@ class Comparison:
     def speedup(self) -> float:
         return self.ours_tokens_per_s / self.plain_tokens_per_s
 
+    @property
+    def plain_label(self) -> str:
+        """The baseline's row name: what ran (HF's greedy or sampling ``generate``)."""
+        return "HF sampling generate" if self.sampled else "HF greedy generate"
+
     def table(self) -> str:
         """A small markdown table of the two runs."""
         return "\n".join(
             [
                 "| method | decode tokens/s | prefill s | new tokens |",
                 "|---|---|---|---|",
-                f"| HF greedy generate | {self.plain_tokens_per_s:.1f} | {self.prefill_s:.3f} | {self.new_tokens} |",
+                f"| {self.plain_label} | {self.plain_tokens_per_s:.1f} | {self.prefill_s:.3f} | {self.new_tokens} |",
                 f"| retrieval-draft | {self.ours_tokens_per_s:.1f} | {self.prefill_s:.3f} | {self.new_tokens} |",
                 "",
                 f"speedup: {self.speedup:.2f}x",
@@ -88,4 +94,5 @@ def compare_with_plain(session: Session, request: GenerationRequest, warmup: boo
         ours_wall_s=ours_s,
         identical=identical,
         stats=stats,
+        sampled=bool(request.sampling),
     )

@@ -89,7 +89,8 @@ def model_location(path: str | None, kind: str = "model") -> tuple[str, dict]:
     ``kind`` ("model" or "tokenizer") names what the path was given as in the messages."""
     path = (named_model_path(path) if path in MODEL_NAMES else path) or default_model_path()
     if not os.path.exists(path):
-        raise ModelLoadError(f"{kind} path not found: {path}")
+        raise ModelLoadError(f"{kind} path not found: {path} (give a local folder, a .gguf file or one of the "
+                             f"names {', '.join(MODEL_NAMES)})")
     if path.endswith(".gguf"):
         return os.path.dirname(os.path.abspath(path)), {"gguf_file": os.path.basename(path)}
     if not os.path.isdir(path):

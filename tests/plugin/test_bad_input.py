@@ -75,7 +75,10 @@ def test_cli_unknown_model_prints_one_line_and_exits_nonzero(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"error: model path not found: {tmp_path / 'missing'}"]
+    assert result.stderr.strip().splitlines() == [
+        f"error: model path not found: {tmp_path / 'missing'} (give a local folder, a .gguf file or one of the "
+        "names smollm2-135m, gemma3-270m)"
+    ]
     assert result.stdout.split() == ["False", "False"]
 
 

@@ -8,6 +8,8 @@ import argparse
 import re
 from pathlib import Path
 
+import pytest
+
 from retrieval_draft.drafters.registry import DRAFTERS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,3 +71,31 @@ def test_every_flag_is_passed_by_some_test():
     every = {flag for parser in subcommands().values() for flag in flags(parser)}
     unpassed = sorted(f for f in every if f'"{f}"' not in sources and f"'{f}'" not in sources)
     assert unpassed == [], f"no test passes {unpassed}"
+
+
+def every_parser() -> dict[str, argparse.ArgumentParser]:
+    """The program's parser and each subcommand's, by the words that run them."""
+    from retrieval_draft_datastore.cli import build_parser
+
+    return {"retrieval-draft": build_parser(), **{f"retrieval-draft {n}": p for n, p in subcommands().items()}}
+
+
+def test_no_help_text_shows_double_backticks():
+    for name, parser in every_parser().items():
+        assert "``" not in parser.format_help(), f"{name} --help shows ``"
+
+
+def test_every_argument_of_every_command_has_help_text():
+    missing = [f"{name} {action.option_strings or action.dest}"
+               for name, parser in every_parser().items()
+               for action in parser._actions
+               if not isinstance(action, argparse._HelpAction) and not action.help]
+    assert missing == []
+
+
+def test_version_prints_the_packages_version(capsys):
+    from retrieval_draft_datastore.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == "retrieval-draft 0.1.0\n"

@@ -103,3 +103,10 @@ def test_the_same_seed_draws_the_same_sample_and_another_seed_another(folder, pr
     assert [r.seed for r in requests] == [3, 3, 4]
     assert requests[0].sampling == {"temperature": 1.5, "top_k": 50, "top_p": 0.95}
     assert first == again and first != other and first.strip()
+
+
+def test_compare_labels_its_baseline_row_by_what_ran(folder, prompt, capsys):
+    greedy_run = generate(folder, ["--prompt", prompt, "--compare"], capsys)
+    sampled_run = generate(folder, ["--prompt", prompt, "--compare", "--temperature", "0.7"], capsys)
+    assert "| HF greedy generate |" in greedy_run and "| HF sampling generate |" not in greedy_run
+    assert "| HF sampling generate |" in sampled_run and "greedy" not in sampled_run
