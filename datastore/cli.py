@@ -3,6 +3,7 @@
     retrieval-draft generate --prompt "..." [--chat] [--max-new-tokens N] [--compare]
     retrieval-draft build / repo / inspect / merge / stats   (datastores; see ``commands``)
     retrieval-draft cache [--model M] [--reset]             (the cost curves and rates kept; ``cache_command``)
+    retrieval-draft serve [--model M] [--datastore S] [--port P]   (HTTP, through transformers serve; ``serving.command``)
 
 It lives with the builder because it joins both packages, and imports run one
 way: from here into the runtime. Errors we raise on purpose print as one line
@@ -17,6 +18,7 @@ import sys
 from retrieval_draft import __version__
 from retrieval_draft.cache_command import add_cache
 from retrieval_draft.cli import add_generate, run
+from retrieval_draft.serving.command import add_serve
 from retrieval_draft_datastore.commands import register
 
 
@@ -33,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate(sub)
     register(sub)  # build, repo, inspect, merge, stats
     add_cache(sub)
+    add_serve(sub)
     return parser
 
 

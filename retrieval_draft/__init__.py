@@ -33,6 +33,7 @@ _EXPORTS = (  # (public name, the module that defines it)
     ("UnsupportedModelError", "retrieval_draft.errors"),
     ("generate", "retrieval_draft.hf"),
     ("open_datastore", "retrieval_draft.hf"),
+    ("prefill", "retrieval_draft.hf"),
     ("PROCESS_MEMORY", "retrieval_draft.memory"),
     ("PluginMemory", "retrieval_draft.memory"),
 )

@@ -29,7 +29,7 @@ from retrieval_draft.hf_options import ScoreRecorder, build_output, check_option
 from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.plugin_keywords import plugin_keywords
-from retrieval_draft.reuse import finish_reuse, start_reuse
+from retrieval_draft.reuse import finish_reuse, read_ahead, start_reuse
 from retrieval_draft.model.generate_kwargs import eos_token_ids, pad_token_id, receives_generate_kwargs
 from retrieval_draft.model.row_processors import row_processors
 from retrieval_draft.model.attention_layout import CHAIN
@@ -180,6 +180,34 @@ def generate(
         ours.stats.__dict__.update(stats.__dict__)
     sequences = padded_sequences(input_ids, outputs, pad_token_id(generation_config, options.eos_ids))
     return build_output(sequences, generation_config, recorders)
+
+
+def prefill(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    draft_memory: PluginMemory | None = None,
+    prefix_cache_bytes: int = DEFAULTS.prefix_cache_bytes,
+) -> DecodeStats:
+    """Read prompts into ``model``'s prefix cache without generating: a later ``generate`` call
+    (``custom_generate=retrieval_draft.generate``) whose prompt begins with one of them reads only
+    the rest. An editor calls it while its user types (llama.vim's cache warming); through
+    ``retrieval-draft serve`` a request with ``max_tokens=0`` does it.
+
+    Args:
+        input_ids: (B, L) int64 prompts, left-padded.
+        attention_mask: (B, L), 1 on real tokens (None: no padding).
+        draft_memory: the ``PluginMemory`` whose cache to fill (default ``PROCESS_MEMORY``).
+        prefix_cache_bytes: the cache's cap, as ``generate`` takes it (0 keeps nothing).
+
+    Returns:
+        the call's ``DecodeStats`` (``reused_tokens``, ``prefilled_tokens``, ``prefix_cache_bytes``).
+    """
+    ours = plugin_keywords(input_ids.shape[0], draft_memory=draft_memory, prefix_cache_bytes=prefix_cache_bytes)
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    validate_inputs(input_ids, attention_mask, model.config.vocab_size, context_limit(model))
+    return read_ahead(model, input_ids, attention_mask, ours.memory, ours.config.prefix_cache_bytes)
 
 
 def _sinks(streamer, recorder: ScoreRecorder | None) -> RowSinks:

@@ -143,6 +143,36 @@ def test_a_port_in_use_fails_at_start_in_one_line(model_folder, capsys):
     assert err == f"error: 127.0.0.1:{port} is in use (pick another with --port)\n"
 
 
+@pytest.fixture(scope="module")
+def stores(model_folder, tmp_path_factory):
+    """(a store of the tiny model's tokenizer, one of another tokenizer), both of five stdlib modules."""
+    from retrieval_draft.model.models import load_tokenizer
+    from retrieval_draft_datastore.builder import build
+    from tests.datastore_fixtures import STDLIB_FILES, stdlib_corpus, word_tokenizer
+
+    root = tmp_path_factory.mktemp("stores")
+    files = [str(stdlib_corpus(root / "corpus") / name) for name in STDLIB_FILES]
+    build(files, root / "ours", load_tokenizer(str(model_folder)), progress=False)
+    build(files, root / "other", word_tokenizer(["def", "return", "self", "import"], extra=300), progress=False)
+    return root / "ours", root / "other"
+
+
+def test_every_serve_flag_reaches_the_folders_options(model_folder, stores, capsys):
+    argv = ["serve", "--model", str(model_folder), "--datastore", str(stores[0]), "--drafters", "prompt,ngram",
+            "--tree-budget", "8", "--max-draft-len", "4", "--fixed-tree", "--prefix-cache-bytes", "0",
+            "--host", "127.0.0.1", "--port", "8123", "--device", "cpu", "--layout-only"]
+    assert cli_main(argv) == 0
+    options = read_options(capsys.readouterr().out.strip())
+    assert options == ServeOptions(datastore=(str(stores[0].resolve()),), drafters=("prompt", "ngram"), tree_budget=8,
+                                   max_draft_len=4, adaptive_tree=False, prefix_cache_bytes=0)
+
+
+def test_a_store_of_another_tokenizer_stops_serve_at_start(model_folder, stores, capsys):
+    assert cli_main(["serve", "--model", str(model_folder), "--datastore", str(stores[1]), "--layout-only"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "tokenizer" in err
+
+
 def test_layout_only_prints_the_folder_a_user_can_serve_with_transformers_serve(model_folder, capsys):
     assert cli_main(["serve", "--model", str(model_folder), "--tree-budget", "8", "--layout-only"]) == 0
     printed = capsys.readouterr().out.strip()

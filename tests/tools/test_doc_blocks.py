@@ -15,6 +15,10 @@ The tag is an HTML comment on the line before the fence, ``<!-- doc-test: KIND -
   ``git`` lines are git's.
 - ``synopsis``: usage lines with placeholders and ``[optional]`` parts: every ``--flag`` named
   must be one of that command's (subcommand's) flags.
+- ``serve``: a server and its clients (``docs/serving.md``): ``retrieval-draft serve`` lines start
+  servers as written (each on a free port that replaces the one named), and Python blocks run as
+  their clients against them, each ``# identical to EXPR`` asserting the name assigned just above it
+  (``tests/serving/test_serve_docs.py``).
 - ``text``: not commands (diagrams, file layouts).
 """
 
@@ -40,8 +44,8 @@ from tests.doc_preamble import STDLIB_WORDS, Scene, make_scene, python_names, ti
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-TAG = re.compile(r"^<!-- doc-test: (run|parse|synopsis|text)\b[^>]*-->$")
-KINDS = ("run", "parse", "synopsis", "text")
+TAG = re.compile(r"^<!-- doc-test: (run|parse|synopsis|serve|text)\b[^>]*-->$")
+KINDS = ("run", "parse", "synopsis", "serve", "text")
 PROGRAM = re.compile(r"(?=\bretrieval-draft |\bpython -m )")
 
 
