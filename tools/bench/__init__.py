@@ -9,4 +9,7 @@
 - ``batch``: batches of 1..16 rows (``python -m tools.bench.batch``).
 - ``store_scale``: drafting time, build throughput and memory against store size and shard count.
 - ``versions``: two checkouts' harnesses interleaved (``python -m tools.bench.versions``).
+- ``sessions``, ``session_workloads``: an editor and a chat client in one process (``python -m tools.bench.sessions``).
+- ``http_sessions``, ``http_servers``: the same sessions over HTTP, against servers started by
+  ``retrieval-draft serve`` (``python -m tools.bench.http_sessions``).
 """
