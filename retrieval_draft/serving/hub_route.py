@@ -57,7 +57,9 @@ def generate(*args, model, streamer=None, draft_streamer=None, **kwargs):
     streamer = streamer if streamer is not None else draft_streamer
     served = read_options(getattr(model, "name_or_path", "") or ".")
     kwargs = {**(served.generate_kwargs() if served is not None else {}), **kwargs}
-    stats = kwargs.setdefault("draft_stats", DecodeStats())
+    if kwargs.get("draft_stats") is None:  # the log line needs the call's statistics
+        kwargs["draft_stats"] = DecodeStats()
+    stats = kwargs["draft_stats"]
     started = time.perf_counter()
     try:
         if _new_tokens(model, kwargs) == 0:
