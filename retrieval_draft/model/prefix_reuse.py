@@ -249,7 +249,7 @@ def _forward_chunk(model: "TreeModel", cache, tokens, positions, visible, slot_p
         mask = layout.masks(torch.from_numpy(allowed).to(device), positions_t, torch.from_numpy(slot_pos).to(device),
                             model.dtype)
     skinny = model._skinny if rows * width in model.skinny_sizes else []
-    with torch.no_grad(), skinny_linears(skinny):
+    with torch.no_grad(), skinny_linears(skinny, model.kernel_threads):
         return model.model(
             input_ids=tokens_t,
             **layout.position_kwargs(positions_t),

@@ -16,6 +16,7 @@ engine's outputs are still checked against HF greedy token for token.
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from functools import partial
 from typing import Callable
@@ -151,13 +152,44 @@ def skinny_forwards(linears: list[torch.nn.Linear]) -> list[tuple[torch.nn.Linea
     return [(module, partial(_linear_forward, module.weight.detach().numpy(), module.bias)) for module in linears]
 
 
+class KernelThreads:
+    """How many threads the kernel runs on through one generation: torch's count, backing off to one
+    while the process's threads do not get their cores.
+
+    On a busy machine (other processes wanting every core) a thread of the kernel's is often
+    descheduled, and the others wait for it at the end of each of a forward's 211 parallel loops:
+    beside two CPU-bound processes on 2 cores, a step of ours (2.08 tokens) took 594 ms against plain
+    ``generate``'s 227 ms per token (2026-11-27, ``retrieval-draft generate --compare``). A forward whose process got less than ``BUSY`` of its threads' time
+    (CPU seconds over wall seconds, ~1.98 of 2 on the quiet machine, ~0.96 beside two busy
+    processes) sends the next ``RETRY`` forwards to one thread, which waits for no one; then
+    ``threads`` is tried again."""
+
+    BUSY = 0.75
+    RETRY = 16
+
+    def __init__(self) -> None:
+        self.single_left = 0  # forwards still to run on one thread
+
+    def count(self, most: int) -> int:
+        """Threads for the next forward, ``most`` at most."""
+        return 1 if self.single_left > 0 else most
+
+    def observe(self, threads: int, wall_s: float, cpu_s: float) -> None:
+        """A forward ran on ``threads`` threads for ``wall_s`` seconds, the process using ``cpu_s`` CPU seconds."""
+        if threads > 1 and cpu_s < self.BUSY * threads * wall_s:
+            self.single_left = self.RETRY
+        elif threads == 1 and self.single_left > 0:
+            self.single_left -= 1
+
+
 @contextmanager
-def skinny_linears(forwards: list[tuple[torch.nn.Linear, Callable]]):
+def skinny_linears(forwards: list[tuple[torch.nn.Linear, Callable]], pacing: KernelThreads | None = None):
     """Within the block, the layers of ``forwards`` (from ``skinny_forwards``) compute through
     ``skinny_matmul``.
 
-    The kernel runs on as many threads as torch is set to use (``torch.set_num_threads``), and
-    torch's own setting is left as the caller made it.
+    The kernel runs on as many threads as torch is set to use (``torch.set_num_threads``), or one
+    while ``pacing`` says the machine is busy (the block is timed for it), and torch's own setting is
+    left as the caller made it.
     """
     if not forwards:  # the common case in the decode loop: nothing to switch
         yield
@@ -169,13 +201,18 @@ def skinny_linears(forwards: list[tuple[torch.nn.Linear, Callable]]):
         # this thread to every core: seen with OMP_NUM_THREADS=1 and torch at 1 thread, torch then ran
         # 2 threads for the rest of the process. The caller's torch setting stands.
         torch.set_num_threads(torch_threads)
-    numba.set_num_threads(max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS)))
+    most = max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS))
+    running = pacing.count(most) if pacing is not None else most
+    numba.set_num_threads(running)
     # Written to the instances' __dict__: nn.Module.__setattr__ costs several times more, per layer and forward.
     for module, forward in forwards:
         module.__dict__["forward"] = forward
+    wall, cpu = time.perf_counter(), time.process_time()
     try:
         yield
     finally:
+        if pacing is not None:
+            pacing.observe(running, time.perf_counter() - wall, time.process_time() - cpu)
         for module, _ in forwards:
             del module.__dict__["forward"]
         numba.set_num_threads(threads)

@@ -37,7 +37,9 @@ from retrieval_draft.model.chain_probe import probe_chain_forward
 from retrieval_draft.model.kv_cache import KVPool, cut_back, model_cache, pooled
 from retrieval_draft.model.prefix_reuse import PrefixReuse
 from retrieval_draft.model.row_slots import RowSlots
-from retrieval_draft.model.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_forwards, skinny_linears
+from retrieval_draft.model.skinny_linear import (
+    SKINNY_ROWS, KernelThreads, eligible_linears, skinny_forwards, skinny_linears,
+)
 from retrieval_draft.model.transfer import to_device
 from retrieval_draft.model.tree_attention import sdpa_configs, tree_attention
 
@@ -92,6 +94,7 @@ class TreeModel:
         self.grouped_attention = grouped_attention
         self._skinny = skinny_forwards(eligible_linears(model)) if self.device.type == "cpu" else []
         self.skinny_sizes = frozenset(SKINNY_ROWS if skinny_sizes is None else skinny_sizes) if self._skinny else frozenset()
+        self.kernel_threads = KernelThreads()  # one thread for the kernel while the machine is busy
         self.cache = self._fresh_cache()
         self.pools: list[KVPool] = []  # the cache's layers pooled after each prefill (``kv_cache.pooled``)
         self.slots = RowSlots.empty()
@@ -177,7 +180,7 @@ class TreeModel:
         rows, width = packed.positions.shape
         skinny = self._skinny if rows * width in self.skinny_sizes else []
         grouped = self._sdpa_configs if self.grouped_attention and packed.grouped else []
-        with tree_attention(grouped), skinny_linears(skinny):
+        with tree_attention(grouped), skinny_linears(skinny, self.kernel_threads):
             out = self.model(
                 input_ids=packed.tokens,
                 **self.layout.position_kwargs(packed.position_ids),

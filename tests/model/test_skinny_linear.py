@@ -8,7 +8,9 @@ import torch
 
 from retrieval_draft.tree import DraftTree
 from retrieval_draft.planning.cost_probe import kernel_sizes, measure_cost
-from retrieval_draft.model.skinny_linear import SKINNY_ROWS, eligible_linears, skinny_forwards, skinny_linear, skinny_linears, skinny_matmul
+from retrieval_draft.model.skinny_linear import (
+    SKINNY_ROWS, KernelThreads, eligible_linears, skinny_forwards, skinny_linear, skinny_linears, skinny_matmul,
+)
 from retrieval_draft.model.tree_model import TreeModel
 
 from tests.conftest import make_tiny_llama, random_prompt
@@ -110,3 +112,36 @@ def test_routing_leaves_torchs_thread_count_as_the_caller_set_it():
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["1", "1"]
+
+
+def test_a_forward_that_did_not_get_its_threads_cores_sends_the_next_ones_to_one_thread():
+    pacing = KernelThreads()
+    assert pacing.count(2) == 2
+    pacing.observe(2, wall_s=0.1, cpu_s=0.196)  # both threads busy: a quiet machine
+    assert pacing.count(2) == 2
+    pacing.observe(2, wall_s=0.1, cpu_s=0.096)  # half its threads' time: a busy machine
+    counts = []
+    for _ in range(KernelThreads.RETRY):
+        counts.append(pacing.count(2))
+        pacing.observe(counts[-1], wall_s=0.1, cpu_s=0.09)
+    assert counts == [1] * KernelThreads.RETRY and pacing.count(2) == 2  # then two threads are tried again
+    pacing.observe(1, wall_s=0.1, cpu_s=0.01)  # a one-thread forward says nothing about contention
+    assert pacing.count(2) == 2
+
+
+def test_the_kernel_runs_on_the_threads_pacing_gives_and_is_timed_for_it(monkeypatch):
+    import numba
+
+    model = make_tiny_llama()
+    forwards = skinny_forwards(eligible_linears(model))
+    seen, observed = [], []
+
+    class Recording(KernelThreads):
+        def observe(self, threads, wall_s, cpu_s):
+            observed.append((threads, wall_s >= 0, cpu_s >= 0))
+
+    pacing = Recording()
+    pacing.single_left = 3
+    with skinny_linears(forwards, pacing):
+        seen.append(numba.get_num_threads())
+    assert seen == [1] and observed == [(1, True, True)]
