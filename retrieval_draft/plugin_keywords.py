@@ -72,7 +72,7 @@ def plugin_keywords(rows: int, *, drafters=None, datastore=None, draft_tokenizer
     return PluginKeywords(
         config=config, drafters=instances, names=names, datastore=datastore,
         tokenizer=draft_tokenizer if draft_tokenizer is not None else tokenizer, planner=draft_planner,
-        streamers=row_streamers(_one_streamer(streamer, draft_streamer, rows), rows),
+        streamers=row_streamers(one_streamer(streamer, draft_streamer, rows), rows),
         prompt_streamed=streamer is not None, stats=draft_stats,
         memory=draft_memory if draft_memory is not None else PROCESS_MEMORY,
     )
@@ -122,7 +122,7 @@ def _described(value) -> str:
     return type(value).__name__
 
 
-def _one_streamer(streamer, draft_streamer, rows: int):
+def one_streamer(streamer, draft_streamer, rows: int):
     """The streamer of a call given HF's ``streamer=`` and our ``draft_streamer=``: at most one of
     the two; HF's takes one sequence (``generate`` has given it the whole batch's prompt in one piece)."""
     if streamer is None:

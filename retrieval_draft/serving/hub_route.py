@@ -7,7 +7,8 @@ the model's ``generate`` itself. Either way it receives ``generate``'s arguments
 preparation and hands them back to HF's ``generate`` with ``retrieval_draft.generate`` as the
 decoding function, so HF prepares the inputs as usual. Three things happen on the way:
 
-- HF's ``streamer=`` travels as our ``draft_streamer=`` (HF drops ``streamer`` for callables);
+- HF's ``streamer=`` goes on as HF hands it to the callable (``model.generate_kwargs`` recovers it,
+  ``plugin_keywords.one_streamer`` checks it beside ``draft_streamer=``);
 - the options the model's folder carries (``options.OPTIONS_FILE``, written by ``retrieval-draft
   serve``) are added under the caller's own keywords;
 - a call for no new tokens (``max_new_tokens=0``; a server's ``max_tokens: 0``) reads the prompt into
@@ -28,6 +29,7 @@ from retrieval_draft.decode.stats import DecodeStats
 from retrieval_draft.errors import InvalidInputError, RetrievalDraftError
 from retrieval_draft.hf import generate as retrieval_generate
 from retrieval_draft.hf import prefill
+from retrieval_draft.plugin_keywords import one_streamer
 from retrieval_draft.serving.options import read_options
 
 LOG = logging.getLogger(__name__)  # one line per call; ``retrieval-draft serve`` shows it (INFO)
@@ -52,9 +54,6 @@ def generate(*args, model, streamer=None, draft_streamer=None, **kwargs):
         ``GenerateDecoderOnlyOutput`` with ``return_dict_in_generate=True``; for no new tokens,
         the prompt (B, L).
     """
-    if streamer is not None and draft_streamer is not None:
-        raise InvalidInputError("give one streamer: streamer= or draft_streamer=, not both")
-    streamer = streamer if streamer is not None else draft_streamer
     served = read_options(getattr(model, "name_or_path", "") or ".")
     kwargs = {**(served.generate_kwargs() if served is not None else {}), **kwargs}
     if kwargs.get("draft_stats") is None:  # the log line needs the call's statistics
@@ -63,10 +62,10 @@ def generate(*args, model, streamer=None, draft_streamer=None, **kwargs):
     started = time.perf_counter()
     try:
         if _new_tokens(model, kwargs) == 0:
-            out = _read_only(model, args, streamer, kwargs)
-        else:
-            out = GenerationMixin.generate(model, *args, custom_generate=retrieval_generate, draft_streamer=streamer,
-                                           **kwargs)
+            out = _read_only(model, args, one_streamer(streamer, draft_streamer, 1), kwargs)
+        else:  # the callable takes HF's streamer as HF hands it on (``model.generate_kwargs``)
+            out = GenerationMixin.generate(model, *args, custom_generate=retrieval_generate, streamer=streamer,
+                                           draft_streamer=draft_streamer, **kwargs)
     except RetrievalDraftError as error:  # a server answers with its own error; its log says why in one line
         LOG.warning("refused: %s", error)
         raise

@@ -6,9 +6,9 @@
 transformers executes this file and calls ``generate(model=model, **arguments)`` with all of
 ``generate``'s own arguments (``inputs``, ``generation_config``, ``streamer``, ...) and every
 extra keyword, before any input preparation. The installed package does the rest
-(``retrieval_draft.serving.hub_route.generate``): HF's ``streamer`` travels as our
-``draft_streamer``, the options a served folder carries are added, and a call for no new
-tokens fills the prefix cache.
+(``retrieval_draft.serving.hub_route.generate``): HF's ``streamer`` reaches the decoding,
+the options a served folder carries are added, and a call for no new tokens fills the
+prefix cache.
 """
 
 # Inside ``try`` on purpose: transformers' import check skips it, so a missing package
