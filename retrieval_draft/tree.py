@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from retrieval_draft.draft import Draft, laid_end_to_end
+from retrieval_draft.draft import Draft, Proposals
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,8 @@ class DraftTree:
 
 
 def build_tree(root_token: int, drafts: list[Draft], budget: int) -> DraftTree:
-    """Merge drafts under ``root_token`` and keep the ``budget`` most probable draft nodes."""
+    """Merge ``Draft`` values under ``root_token`` and keep the ``budget`` most probable draft
+    nodes (decoding merges its ``Proposals`` with ``merge_flat``)."""
     tree = merge_drafts(root_token, drafts)
     return tree.top(budget, tree.probs)
 
@@ -126,16 +127,21 @@ def merge_drafts(root_token: int, drafts: list[Draft]) -> DraftTree:
     child at or below its parent. Nodes are numbered in the order drafts first
     reach them (one compiled pass over the drafts' tokens, ``_merge``).
     """
-    return merge_flat(root_token, *laid_end_to_end(drafts))
+    return merge_flat(root_token, *Proposals.of([("", draft) for draft in drafts]).flat())
 
 
 def merge_flat(root_token: int, tokens: np.ndarray, probs: np.ndarray, lengths: np.ndarray) -> DraftTree:
     """``merge_drafts`` of drafts laid end to end: ``tokens`` (m,) ids and ``probs`` (m,)
     conditional probabilities, draft i being the next ``lengths[i]`` (d,) entries."""
     if not tokens.size:
-        return DraftTree(np.array([root_token], np.int64), np.array([-1], np.int64), np.zeros(1, np.int64), np.ones(1))
+        return lone_root(root_token)
     return DraftTree(*_merge(int(root_token), tokens.astype(np.int64, copy=False),
                              probs.astype(np.float64, copy=False), lengths.astype(np.int64, copy=False)))
+
+
+def lone_root(root_token: int) -> DraftTree:
+    """The tree of the pending token alone (no drafts)."""
+    return DraftTree(np.array([root_token], np.int64), np.array([-1], np.int64), np.zeros(1, np.int64), np.ones(1))
 
 
 @numba.njit(cache=True, nogil=True)

@@ -23,6 +23,7 @@ import torch
 from retrieval_draft.config import DEFAULTS, check_setting
 from retrieval_draft.decode.readout import TreeJob, verify_trees
 from retrieval_draft.decode.verify import LogitsProcessor, Verdict
+from retrieval_draft.draft import Proposals
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.errors import InvalidInputError, counted
 from retrieval_draft.planning.planner import TreePlanner
@@ -30,7 +31,7 @@ from retrieval_draft.planning.timing import ForwardTimer
 from retrieval_draft.model.row_processors import row_processors
 from retrieval_draft.decode.scorer import TreeScorer
 from retrieval_draft.decode.stats import DecodeStats
-from retrieval_draft.tree import DraftTree, build_tree
+from retrieval_draft.tree import DraftTree, lone_root
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class _Row:
         self.start = start
         self.emitted = self.length
         self.drafters = drafters
+        self.proposals = Proposals([drafter.name for drafter in drafters])  # this row's drafts, step by step
         self.processor = processor  # this row's view (``model.row_processors``)
         self.sinks = sinks
         self.done = False
@@ -162,7 +164,7 @@ def speculative_decode(
         row.generator = _row_generator(generator)
     started = time.perf_counter()
     logits = model.prefill(input_ids, attention_mask)
-    roots = [build_tree(int(row.context[row.emitted - 1]), [], 0) for row in rows]
+    roots = [lone_root(int(row.context[row.emitted - 1])) for row in rows]
     verdicts = _verify(roots, [logits[i][None] for i in range(len(rows))], rows, options)
     for i, (row, verdict) in enumerate(zip(rows, verdicts)):
         _emit(row, np.array([verdict.bonus]), options, should_stop)
@@ -203,12 +205,13 @@ def _step(run: _Run, rows: list[_Row]) -> None:
     started = clock()
     names = {drafter.name for row in rows for drafter in row.drafters}
     allowed = {name for name in sorted(names) if planner.should_ask(name)}
-    asked = [_ask_drafters(row, allowed, options, planner.tree_budget) for row in rows]
-    drafts = [[(name, draft) for name, (proposed, _) in row_asked.items() for draft in proposed] for row_asked in asked]
+    for row in rows:
+        _ask_drafters(row, allowed, options, planner.tree_budget)
+    proposals = [row.proposals for row in rows]
     drafted = clock()
     roots = [int(row.context[row.emitted - 1]) for row in rows]
     cache_len = model.length
-    plan = planner.plan(roots, drafts, cache_len)
+    plan = planner.plan(roots, proposals, cache_len)
     trees = [model.verifiable(tree) for tree in plan.trees]
     if plan.matmul_sizes is not None:
         model.skinny_sizes = plan.matmul_sizes
@@ -235,7 +238,7 @@ def _step(run: _Run, rows: list[_Row]) -> None:
         stats.step_tokens += row.emitted - before
         if row.sinks.on_logits is not None:
             row.sinks.on_logits(emitted_rows(tree_logits, verdict, row.emitted - before), row.padded())
-    planner.observe(drafts, truths, planned - started, asked, plan)
+    planner.observe(proposals, truths, planned - started, plan)
     stats.draft_s += drafted - started
     stats.plan_s += planned - drafted
     stats.pack_s += launched - planned
@@ -249,23 +252,22 @@ def _step(run: _Run, rows: list[_Row]) -> None:
     stats.tree_slots += len(rows) * width
 
 
-def _ask_drafters(row: _Row, allowed: set[str], options: DecodeOptions, tree_budget: int) -> dict[str, tuple[list, float]]:
-    """Row's proposals from the drafters in ``allowed``: drafter name -> (drafts, seconds its ``propose`` took)."""
+def _ask_drafters(row: _Row, allowed: set[str], options: DecodeOptions, tree_budget: int) -> None:
+    """The row's drafts this step, from the drafters in ``allowed``, into ``row.proposals``
+    (with each drafter's ``propose`` seconds)."""
+    proposals = row.proposals
+    proposals.clear()
     remaining = row.length + options.max_new_tokens - row.emitted
     max_len = min(options.max_draft_len, remaining - 1)
     if max_len <= 0 or tree_budget == 0:
-        return {}
-    asked: dict[str, tuple[list, float]] = {}
+        return
     context = row.real()
     for drafter in row.drafters:
         if drafter.name not in allowed:
             continue
         started = time.perf_counter()
-        proposed = drafter.propose(context, max_len)
-        seconds = time.perf_counter() - started
-        earlier, earlier_s = asked.get(drafter.name, ([], 0.0))
-        asked[drafter.name] = (earlier + proposed, earlier_s + seconds)
-    return asked
+        drafter.propose_into(context, max_len, proposals.writer(drafter.name))
+        proposals.took(time.perf_counter() - started)
 
 
 def _row_generator(generator: torch.Generator | None) -> torch.Generator | None:

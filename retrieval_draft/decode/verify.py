@@ -81,15 +81,7 @@ def verify_greedy(
     """
     if not has_processor(processor):
         return walk(tree, argmax_rows(logits).numpy(force=True))
-    kids = _child_lookup(tree)
-    node, accepted = 0, []
-    while True:
-        choice = int(argmax_rows(node_scores(tree, logits, node, processor, prefix)[None])[0])
-        child = kids.get((node, choice))
-        if child is None:
-            return Verdict(np.asarray(accepted, dtype=np.int64), choice)
-        accepted.append(child)
-        node = child
+    return walk(tree, lambda node: int(argmax_rows(node_scores(tree, logits, node, processor, prefix)[None])[0]))
 
 
 def verify_sampling(
@@ -117,31 +109,31 @@ def verify_sampling(
     consumes the same randomness whatever the tree looks like, so a seed
     fixes the output even though tree sizes follow measured timings.
     """
-    kids = _child_lookup(tree)
-    node, accepted = 0, []
     tiny = torch.finfo(torch.float32).tiny
-    while True:
+
+    def draw(node: int) -> int:
         log_p = torch.log_softmax(node_scores(tree, logits, node, processor, prefix), dim=-1)
         uniform = torch.rand(log_p.shape, generator=generator).clamp_(tiny, 1.0 - 1e-7)
-        choice = int(torch.argmax(log_p - torch.log(-torch.log(uniform))))
-        child = kids.get((node, choice))
-        if child is None:
-            return Verdict(np.asarray(accepted, dtype=np.int64), choice)
-        accepted.append(child)
-        node = child
+        return int(torch.argmax(log_p - torch.log(-torch.log(uniform))))
+
+    return walk(tree, draw)
 
 
-def walk(tree: DraftTree, choices: np.ndarray) -> Verdict:
-    """Accept down the tree while a child carries the token chosen at its parent.
+def walk(tree: DraftTree, pick: "np.ndarray | Callable[[int], int]") -> Verdict:
+    """Accept down the tree while a child carries the token picked at its parent: the one walk
+    of every verification.
 
-    ``choices``: shape (n,), the token the model picks at each node (any
-    integer dtype), computed for every node at once (``greedy_choices``,
-    ``sampling_choices``) so that one host read serves the whole walk.
+    ``pick``: the token the model picks at each node, either computed for every node at once
+    (shape (n,), any integer dtype: ``greedy_choices`` / ``sampling_choices``, so that one host
+    read serves the whole walk) or a function of the node computing it when the walk gets
+    there (the lazy walks of ``verify_greedy`` / ``verify_sampling``, which visit only the
+    nodes on the accepted path).
     """
+    choose = pick if callable(pick) else pick.__getitem__
     kids = _child_lookup(tree)
     node, accepted = 0, []
     while True:
-        choice = int(choices[node])
+        choice = int(choose(node))
         child = kids.get((node, choice))
         if child is None:
             return Verdict(np.asarray(accepted, dtype=np.int64), choice)

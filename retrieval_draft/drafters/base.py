@@ -8,22 +8,25 @@ tree (see ``retrieval_draft.tree``).
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from retrieval_draft.draft import Draft
+from retrieval_draft.draft import Draft, Proposals
 
 if TYPE_CHECKING:
     import torch
 
 
-class Drafter(ABC):
+class Drafter:
     """A source of draft continuations. Subclasses implement ``propose``.
 
+    A drafter a user writes implements ``propose`` (returning ``Draft`` values); the built-in
+    ones implement ``propose_into``, writing into the row's ``Proposals`` buffer, and get
+    ``propose`` from it. Implement one of the two.
+
     Lifecycle for one generation: the engine takes each row's handle, ``for_row(row)``, then
-    on it ``begin(prompt)``, per step ``propose(context, max_len)``, ``tree_request(logits)``
+    on it ``begin(prompt)``, per step ``propose_into(context, max_len, out)``, ``tree_request(logits)``
     and ``tree_receive(tokens, columns)`` once the tree is scored (observers only), then
     ``accept(new_tokens)``; and ``end(output)`` once that row stops.
     """
@@ -50,9 +53,18 @@ class Drafter(ABC):
     def begin(self, prompt: np.ndarray) -> None:
         """A new generation starts. ``prompt``: shape (n,), int64 ids."""
 
-    @abstractmethod
     def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
         """Continuations of ``context`` (shape (n,), int64), each at most ``max_len`` tokens."""
+        if type(self).propose_into is Drafter.propose_into:
+            raise NotImplementedError(f"{type(self).__name__} implements neither propose nor propose_into")
+        out = Proposals([self.name])
+        self.propose_into(context, max_len, out.writer(self.name))
+        return out.drafts()
+
+    def propose_into(self, context: np.ndarray, max_len: int, out: Proposals) -> None:
+        """``propose``'s continuations written into ``out`` (its writer already names this
+        drafter): the adapter for a drafter that implements ``propose``."""
+        out.extend(self.propose(context, max_len))
 
     def tree_request(self, logits: "Sequence[torch.Tensor]") -> "torch.Tensor":
         """What to record of the trees just verified, computed on the model's device: shape (n, c),

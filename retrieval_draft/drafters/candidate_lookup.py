@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.draft import Draft
+from retrieval_draft.draft import Proposals
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.recycling import EMPTY, RecyclingDrafter
 from retrieval_draft.errors import InvalidInputError
@@ -69,17 +69,21 @@ class CandidateLookupDrafter(Drafter):
         first = np.sort(first)[: self.max_candidates]
         return ids_all[first], np.minimum(scores_all[first], 1.0)
 
-    def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
+    def propose_into(self, context: np.ndarray, max_len: int, out: Proposals) -> None:
         """For each candidate c: [c, *d] for every continuation d the inner drafters give of ``context + [c]``."""
         if max_len < 2 or context.shape[0] < 1:
-            return []
+            return
         ids, scores = self.candidates(context)
         extended = np.empty(context.shape[0] + 1, dtype=np.int64)
         extended[:-1] = context
-        drafts = []
+        found = Proposals([drafter.name for drafter in self.inner])
         for token, score in zip(ids.tolist(), scores.tolist()):
             extended[-1] = token
+            found.clear()
             for drafter in self.inner:
-                for draft in drafter.propose(extended, max_len - 1):
-                    drafts.append(Draft(np.concatenate([[token], draft.tokens]), np.concatenate([[score], draft.probs])))
-        return drafts
+                drafter.propose_into(extended, max_len - 1, found.writer(drafter.name))
+            tokens, probs, lengths = found.flat()
+            start = 0
+            for n in lengths.tolist():
+                out.add(np.concatenate(([token], tokens[start : start + n])), np.concatenate(([score], probs[start : start + n])))
+                start += n

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval_draft.draft import Draft
+from retrieval_draft.draft import Proposals
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.tagged_npz import load_tagged, save_tagged
 from retrieval_draft.drafters.tail_match import continuations, tail_matches
@@ -96,14 +96,13 @@ class HistoryDrafter(Drafter):
         drafter._buffer = tokens[-drafter.max_tokens :].copy()
         return drafter
 
-    def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
+    def propose_into(self, context: np.ndarray, max_len: int, out: Proposals) -> None:
         if self._buffer.shape[0] < 2:
-            return []
+            return
         ends, lengths = tail_matches(self._buffer, context, self.max_ngram)
         keep = lengths >= self.min_ngram
-        if not keep.any():
-            return []
-        return continuations(self._buffer, ends[keep], lengths[keep], max_len, self.max_branches)
+        if keep.any():
+            continuations(self._buffer, ends[keep], lengths[keep], max_len, self.max_branches, out)
 
 
 class HistoryRow(Drafter):
@@ -120,8 +119,8 @@ class HistoryRow(Drafter):
     def begin(self, prompt: np.ndarray) -> None:
         self._prompt = np.asarray(prompt, dtype=np.int64).copy()
 
-    def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
-        return self.history.propose(context, max_len)
+    def propose_into(self, context: np.ndarray, max_len: int, out: Proposals) -> None:
+        self.history.propose_into(context, max_len, out)
 
     def end(self, output: np.ndarray) -> None:
         self.history.add(np.concatenate([self._prompt, np.asarray(output, dtype=np.int64)]))

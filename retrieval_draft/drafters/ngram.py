@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.draft import Draft
+from retrieval_draft.draft import Proposals
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.store.query import ngram_drafts
 from retrieval_draft.store.reader import Datastore
@@ -51,17 +51,18 @@ class NgramDrafter(Drafter):
         # probability is too small to be verified, so expanding it is waste.
         self._max_depth = int(max_depth)
 
-    def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
+    def propose_into(self, context: np.ndarray, max_len: int, out: Proposals) -> None:
         """Up to ``max_drafts`` paths of at most ``min(max_len, max_depth)`` tokens; context shape (n,), int64."""
         context = np.asarray(context, dtype=np.int64).reshape(-1)
         max_len = min(max_len, self._max_depth)
         if max_len < 1 or context.size == 0:
-            return []
+            return
         widths = np.ones(max_len, np.int64)
         widths[: min(max_len, len(self._widths))] = self._widths[:max_len]
-        out_tok = np.zeros((self._max_drafts, max_len), np.int64)
-        out_prob = np.zeros((self._max_drafts, max_len), np.float64)
-        out_len = np.zeros(self._max_drafts, np.int64)
+        out_tok = np.empty((self._max_drafts, max_len), np.int64)
+        out_prob = np.empty((self._max_drafts, max_len), np.float64)
+        out_len = np.empty(self._max_drafts, np.int64)
         n = ngram_drafts(context[-self._max_order :], self._table, self._store, widths, self._pseudo,
                          out_tok, out_prob, out_len)
-        return [Draft(out_tok[i, : out_len[i]], out_prob[i, : out_len[i]]) for i in range(n)]
+        out.add_padded(out_tok, out_prob, out_len, n)
+

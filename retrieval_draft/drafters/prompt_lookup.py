@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.draft import Draft
+from retrieval_draft.draft import Proposals
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.tail_match import continuations, tail_matches
 
@@ -36,10 +36,9 @@ class PromptLookupDrafter(Drafter):
         self.min_ngram = min_ngram
         self.max_branches = max_branches
 
-    def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
+    def propose_into(self, context: np.ndarray, max_len: int, out: Proposals) -> None:
         """Up to ``max_branches`` continuations of ``context`` (shape (n,), int64)."""
         ends, lengths = tail_matches(context, context, self.max_ngram)
         keep = lengths >= self.min_ngram
-        if not keep.any():
-            return []
-        return continuations(context, ends[keep], lengths[keep], max_len, self.max_branches)
+        if keep.any():
+            continuations(context, ends[keep], lengths[keep], max_len, self.max_branches, out)

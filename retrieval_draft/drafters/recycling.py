@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 import numba
 import numpy as np
 
-from retrieval_draft.draft import Draft
+from retrieval_draft.draft import Proposals
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.row_top_k import top_k_rows
 from retrieval_draft.model import transfer
@@ -97,14 +97,12 @@ class RecyclingDrafter(Drafter):
         self.successors[tokens] = columns[:, : self.k]
         self.probs[tokens] = columns[:, self.k :].view(np.float32)
 
-    def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
+    def propose_into(self, context: np.ndarray, max_len: int, out: Proposals) -> None:
         """One draft per leaf of the best-first tree grown from ``context[-1]``."""
         root = int(context[-1])
         if max_len < 1 or root >= self.vocab_size or self.successors[root, 0] == EMPTY:
-            return []
-        tokens, probs, lengths = _best_first_leaves(self.successors, self.probs, root, self.max_nodes, max_len)
-        ends = np.cumsum(lengths)
-        return [Draft(tokens[end - length : end], probs[end - length : end]) for end, length in zip(ends.tolist(), lengths.tolist())]
+            return
+        out.add_flat(*_best_first_leaves(self.successors, self.probs, root, self.max_nodes, max_len))
 
     def save(self, path: str | Path, tokenizer=None) -> None:
         """Write the table to ``path`` (.npz) atomically; with ``tokenizer``, record its fingerprint."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.draft import Draft
+from retrieval_draft.draft import Proposals
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.store.reader import Datastore
 from retrieval_draft.store.sharded import ShardedDatastore
@@ -68,16 +68,16 @@ class SuffixDrafter(Drafter):
         m, lo, hi = self._match(context)
         return m, int((hi - lo).sum())
 
-    def propose(self, context: np.ndarray, max_len: int) -> list[Draft]:
+    def propose_into(self, context: np.ndarray, max_len: int, out: Proposals) -> None:
         """Up to ``branches`` continuations of at most ``max_len`` tokens; context shape (n,), int64."""
         if max_len < 1:
-            return []
+            return
         m, lo, hi = self._match(context)
         if m == 0:
-            return []
+            return
         out_tok = np.zeros((self._branches, max_len), np.int64)
         out_prob = np.zeros((self._branches, max_len), np.float64)
         out_len = np.zeros(self._branches, np.int64)
         n = suffix_drafts(self._arrays, lo, hi, m, self._samples, self._branches, self._pseudo,
                           out_tok, out_prob, out_len)
-        return [Draft(out_tok[i, : out_len[i]], out_prob[i, : out_len[i]]) for i in range(n)]
+        out.add_padded(out_tok, out_prob, out_len, n)

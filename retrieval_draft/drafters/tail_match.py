@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from retrieval_draft.draft import Draft
+from retrieval_draft.draft import Proposals
 
 # Starting estimates of how likely a copied token is accepted, by the length
 # of the tail match behind it; band b covers match lengths from
@@ -63,9 +63,10 @@ def _match_lengths(haystack: np.ndarray, tail: np.ndarray, ends: np.ndarray) -> 
 
 
 def continuations(
-    haystack: np.ndarray, ends: np.ndarray, lengths: np.ndarray, max_len: int, max_branches: int
-) -> list[Draft]:
-    """Distinct continuations after the best matches: longest match first, then most recent.
+    haystack: np.ndarray, ends: np.ndarray, lengths: np.ndarray, max_len: int, max_branches: int, out: Proposals
+) -> None:
+    """Distinct continuations after the best matches, written into ``out``: longest match
+    first, then most recent, at most ``max_branches``.
 
     A continuation stops before a negative id (a document separator). Every
     token's probability grows with the match length; the first token's is also
@@ -75,7 +76,7 @@ def continuations(
     order = np.lexsort((-ends, -lengths))
     ends, lengths = ends[order], lengths[order]
     next_tokens = haystack[ends + 1]
-    drafts: list[Draft] = []
+    written = 0
     seen: set[tuple[int, ...]] = set()
     for end, length in zip(ends.tolist(), lengths.tolist()):
         tokens = haystack[end + 1 : end + 1 + max_len]
@@ -92,7 +93,7 @@ def continuations(
         band = np.searchsorted(MATCH_LENGTH_BANDS, effective, side="right") - 1
         probs = NEXT_TOKEN_PROB[band]
         probs[0] = max(FIRST_TOKEN_PROB[band[0]] * share, 1e-3)
-        drafts.append(Draft(tokens, probs))
-        if len(drafts) == max_branches:
+        out.add(tokens, probs)
+        written += 1
+        if written == max_branches:
             break
-    return drafts

@@ -24,14 +24,15 @@ Ids only: the tokenizer, stores and settings are the caller's (``vllm_proposer``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numba
 import numpy as np
 
+from retrieval_draft.draft import Proposals
 from retrieval_draft.drafters.base import Drafter
-from retrieval_draft.planning.grader import DraftGrader, SourcedDrafts
+from retrieval_draft.planning.grader import DraftGrader
 from retrieval_draft.planning.planner import cap_siblings
 from retrieval_draft.tree import DraftTree, merge_flat
 
@@ -45,7 +46,7 @@ class _Request:
     handles: list[Drafter]
     tokens: np.ndarray
     prompt_len: int
-    drafts: SourcedDrafts = field(default_factory=list)
+    drafts: Proposals | None = None
     missed: int = 0
 
     def continued_by(self, row_tokens: np.ndarray, gained: int) -> bool:
@@ -112,16 +113,16 @@ class RequestChains:
         truths, offered = [], []
         for row, request in found.items():
             new = contexts[row][request.tokens.shape[0]:]
-            if request.drafts and new.size:
+            if request.drafts is not None and new.size:
                 offered.append(request.drafts)
                 truths.append(new)
             if new.size:
                 for handle in request.handles:
                     handle.accept(new)
             request.tokens = contexts[row]
-            request.drafts = []
+            request.drafts = None
         if truths:
-            self.grader.observe(offered, truths)
+            self.grader.observe(offered, truths, [drafts.matched(truth) for drafts, truth in zip(offered, truths)])
         drafts: list[list[int]] = [[] for _ in range(rows)]
         for row, request in found.items():
             if len(gained[row]):
@@ -178,23 +179,24 @@ class RequestChains:
         for handle in request.handles:
             handle.end(output)
 
-    def _chain(self, request: _Request, context: np.ndarray) -> tuple[SourcedDrafts, list[int]]:
+    def _chain(self, request: _Request, context: np.ndarray) -> tuple[Proposals | None, list[int]]:
         """(every drafter's drafts, the chain to verify) for a request whose tokens are ``context``
         (shape (n,), int64; its last token is the tree's root)."""
         room = self.max_tokens
         if self.max_model_len is not None:
             room = min(room, self.max_model_len - context.shape[0] - 1)
         if room <= 0 or context.shape[0] == 0:
-            return [], []
-        sourced: SourcedDrafts = [(handle.name, draft) for handle in request.handles
-                                  for draft in handle.propose(context, room)]
-        if not sourced:
-            return [], []
-        tree = cap_siblings(merge_flat(int(context[-1]), *self.grader.calibrated(sourced)))
+            return None, []
+        proposals = Proposals([handle.name for handle in request.handles])
+        for handle in request.handles:
+            handle.propose_into(context, room, proposals.writer(handle.name))
+        if not proposals.count:
+            return None, []
+        tree = cap_siblings(merge_flat(int(context[-1]), *self.grader.calibrated(proposals)))
         path = best_path(tree, room)
         probs = tree.probs[path]
         kept = int(np.argmax(probs < self.min_prob)) if (probs < self.min_prob).any() else path.shape[0]
-        return sourced, tree.tokens[path[:kept]].tolist()
+        return proposals, tree.tokens[path[:kept]].tolist()
 
 
 def best_path(tree: DraftTree, max_len: int) -> np.ndarray:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from retrieval_draft.draft import Draft
+from retrieval_draft.draft import Proposals
 
 
 @dataclass
@@ -30,16 +30,6 @@ class DrafterRecord:
     queries: int = 0
     interval: int = 1  # ask every ``interval``-th step
     wait: int = 0  # steps left before the next query
-
-
-def right_tokens(drafts: list[Draft], truth: np.ndarray) -> int:
-    """Longest prefix of ``truth`` (shape (t,)) that one of ``drafts`` matches."""
-    best = 0
-    for draft in drafts:
-        n = min(len(draft), truth.shape[0])
-        wrong = np.flatnonzero(draft.tokens[:n] != truth[:n])
-        best = max(best, int(wrong[0]) if wrong.size else n)
-    return best
 
 
 class DrafterGate:
@@ -72,22 +62,25 @@ class DrafterGate:
             return False
         return True
 
-    def observe(self, asked: dict[str, tuple[list[Draft], float]], truth: np.ndarray, token_seconds: float) -> None:
-        """Update the drafters asked this step and reschedule them.
+    def observe(self, proposals: Proposals, matched: np.ndarray, token_seconds: float) -> None:
+        """Update the drafters asked this step (``proposals.asked``) and reschedule them.
 
         Args:
-            asked: drafter name -> (its drafts, seconds its ``propose`` took).
-            truth: shape (t,), the tokens the model produced this step.
+            proposals: the row's drafts this step, with each drafter's ``propose`` seconds.
+            matched: shape (d,), how many leading tokens of each draft equal the tokens the
+                model produced (``matched_prefixes``): a drafter got right the longest of its own.
             token_seconds: what one more accepted token saves (about one plain step).
         """
-        right = {name: right_tokens(drafts, truth) for name, (drafts, _) in asked.items()}
-        for name, (_, seconds) in asked.items():
-            others = max((r for other, r in right.items() if other != name), default=0)
+        right = np.zeros(len(proposals.names), np.int64)
+        np.maximum.at(right, proposals.owners[: proposals.count], matched)
+        for number in np.flatnonzero(proposals.asked).tolist():
+            name, seconds = proposals.names[number], float(proposals.seconds[number])
+            others = int(np.delete(right, number).max(initial=0))
             record = self.records.setdefault(name, DrafterRecord())
             first = record.queries == 0
             d = 0.0 if first else self.decay
             record.seconds = d * record.seconds + (1 - d) * seconds
-            record.marginal = d * record.marginal + (1 - d) * max(right[name] - others, 0)
+            record.marginal = d * record.marginal + (1 - d) * max(int(right[number]) - others, 0)
             record.queries += 1
             pays = record.marginal * token_seconds >= record.seconds or record.seconds < self.free_share * token_seconds
             if pays or record.queries < self.min_queries:

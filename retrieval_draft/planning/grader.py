@@ -12,12 +12,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from retrieval_draft.draft import Draft, laid_end_to_end, matched_prefixes
+from retrieval_draft.draft import Proposals
 from retrieval_draft.planning.calibration import AcceptanceCalibrator, RankCorrection
 from retrieval_draft.planning.drafter_gate import DrafterGate
 from retrieval_draft.tree import DraftTree
-
-SourcedDrafts = list[tuple[str, Draft]]  # (drafter name, draft)
 
 
 class DraftGrader:
@@ -53,42 +51,48 @@ class DraftGrader:
             self.calibrators[source] = AcceptanceCalibrator()
         return self.calibrators[source]
 
-    def calibrated(self, drafts: SourcedDrafts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every draft laid end to end, in order: tokens (m,), calibrated conditional
-        probabilities (m,) and each draft's length (d,); one calibrator call per drafter."""
-        tokens, raw, lengths = laid_end_to_end([draft for _, draft in drafts])
+    def calibrated(self, proposals: Proposals) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The row's drafts laid end to end, in order (views of the buffer where nothing
+        changes): tokens (m,), calibrated conditional probabilities (m,) and each draft's length
+        (d,); one calibrator call per drafter."""
+        tokens, raw, lengths = proposals.flat()
         if not tokens.size:
             return tokens, raw, lengths
-        depths = _depths(lengths)
-        owners, names = _owners(drafts, lengths)
-        rates = np.empty_like(raw)
-        for number, source in enumerate(names):  # one call per drafter, over all its drafts' tokens
-            mine = owners == number
-            rates[mine] = self.calibrator(source).rates(raw[mine], depths[mine])
+        depths, owners = proposals.depths[: proposals.used], proposals.entry_owners[: proposals.used]
+        present = np.flatnonzero(np.bincount(proposals.owners[: proposals.count], minlength=len(proposals.names)))
+        if present.shape[0] == 1:  # one drafter: no masks
+            rates = self.calibrator(proposals.names[present[0]]).rates(raw, depths)
+        else:
+            rates = np.empty_like(raw)
+            for number in present.tolist():  # one call per drafter, over all its drafts' tokens
+                mine = owners == number
+                rates[mine] = self.calibrator(proposals.names[number]).rates(raw[mine], depths[mine])
         np.clip(rates, 1e-6, 1.0, out=rates)
         return tokens, rates, lengths
 
-    def observe(self, drafts: list[SourcedDrafts], truths: list[np.ndarray]) -> None:
+    def observe(self, proposals: list[Proposals], truths: list[np.ndarray], matched: list[np.ndarray]) -> None:
         """Grade every row's drafts against what the model produced in that row (``truths[i]``,
-        accepted + bonus, shape (t_i,)); rates decay once per step, however many rows."""
+        accepted + bonus, shape (t_i,); ``matched[i]``: ``matched_prefixes`` of the row's drafts
+        against it); rates decay once per step, however many rows."""
         for calibrator in self.calibrators.values():
             calibrator.decay_counts()
-        for row_drafts, truth in zip(drafts, truths):
-            self.grade(row_drafts, truth)
+        for row, truth, row_matched in zip(proposals, truths, matched):
+            self.grade(row, truth, row_matched)
 
-    def grade(self, drafts: SourcedDrafts, truth: np.ndarray) -> None:
-        """Grade every offered draft against ``truth`` (shape (t,)): a token is tested when the
-        tokens before it in its draft equal ``truth``, right when it does too. A drafter's drafts
-        that share a prefix grade it once (its first draft's probabilities): a tested token's
-        prefix is ``truth``'s, so (drafter, depth, token) names it."""
-        tokens, raw, lengths = laid_end_to_end([draft for _, draft in drafts])
+    def grade(self, proposals: Proposals, truth: np.ndarray, matched: np.ndarray | None = None) -> None:
+        """Grade every offered draft against ``truth`` (shape (t,) int64; ``matched``:
+        ``proposals.matched(truth)`` where the caller has it): a token is tested when the tokens before it in
+        its draft equal ``truth``, right when it does too. A drafter's drafts that share a prefix
+        grade it once (its first draft's probabilities): a tested token's prefix is ``truth``'s,
+        so (drafter, depth, token) names it."""
+        tokens, raw, lengths = proposals.flat()
         if not tokens.size:
             return
+        if matched is None:
+            matched = proposals.matched(truth)
+        depths, owners = proposals.depths[: proposals.used], proposals.entry_owners[: proposals.used]
         limit = np.minimum(lengths, truth.shape[0])
-        matched = matched_prefixes(tokens, lengths, truth)
         tested = np.where(matched < limit, matched + 1, limit)  # through the first wrong token
-        depths = _depths(lengths)
-        owners, names = _owners(drafts, lengths)
         live = depths < np.repeat(tested, lengths)
         # first entry of each (drafter, depth, token) among the tested ones
         key = (owners * (int(depths.max()) + 1) + depths) * (int(tokens.max()) + 1) + tokens
@@ -96,11 +100,10 @@ class DraftGrader:
         first = first[live[first]]
         right = tokens[first] == truth[np.minimum(depths[first], truth.shape[0] - 1)]
         right &= depths[first] < truth.shape[0]
-        for number, source in enumerate(names):
+        for number in np.unique(owners[first]).tolist():
             hers = owners[first] == number
-            if hers.any():
-                mine = first[hers]
-                self.calibrator(source).record(raw[mine], depths[mine], right[hers])
+            mine = first[hers]
+            self.calibrator(proposals.names[number]).record(raw[mine], depths[mine], right[hers])
 
     def grade_ranks(self, full: DraftTree, order: np.ndarray, truth: np.ndarray) -> None:
         """Record in ``ranks`` which of the candidate tree ``full``'s draft nodes (``order``: their
@@ -112,19 +115,6 @@ class DraftGrader:
         keep = decided[order]
         ranks = np.arange(1, order.shape[0] + 1)[keep]
         self.ranks.record(ranks, full.probs[order[keep]], confirmed[order[keep]])
-
-
-def _depths(lengths: np.ndarray) -> np.ndarray:
-    """(m,) each entry's index within its draft, for drafts laid end to end (``lengths`` (d,))."""
-    return np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-
-
-def _owners(drafts: SourcedDrafts, lengths: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    """Each entry of the drafts laid end to end (``lengths`` (d,)): the number of its drafter
-    (m,), and the drafters' names in order of first appearance."""
-    index: dict[str, int] = {}
-    numbers = np.array([index.setdefault(source, len(index)) for source, _ in drafts], dtype=np.int64)
-    return np.repeat(numbers, lengths), list(index)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -24,11 +24,12 @@ import numba
 import numpy as np
 
 from retrieval_draft.config import DEFAULTS
+from retrieval_draft.draft import Proposals
 from retrieval_draft.planning.calibration import AcceptanceCalibrator, RankCorrection
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
 from retrieval_draft.planning.cost_probe import CostProbe, Probe
 from retrieval_draft.planning.drafter_gate import DrafterGate
-from retrieval_draft.planning.grader import DraftGrader, SourcedDrafts
+from retrieval_draft.planning.grader import DraftGrader
 from retrieval_draft.planning.sizer import TreeSizer
 from retrieval_draft.tree import DraftTree, merge_flat
 
@@ -104,19 +105,19 @@ class TreePlanner:
     def calibrator(self, source: str) -> AcceptanceCalibrator:
         return self.grader.calibrator(source)
 
-    def candidates(self, root_token: int, drafts: SourcedDrafts) -> DraftTree:
+    def candidates(self, root_token: int, proposals: Proposals) -> DraftTree:
         """Every drafted node under the pending token, with calibrated probabilities (unpruned)."""
-        return cap_siblings(merge_flat(root_token, *self.grader.calibrated(drafts)))
+        return cap_siblings(merge_flat(root_token, *self.grader.calibrated(proposals)))
 
     def width(self, ranked: list[np.ndarray], cache_len: int = 0) -> int:
         """Draft nodes per row for candidates ``ranked`` (``TreeSizer.width``)."""
         return self.sizer.width(ranked, cache_len)
 
-    def plan(self, roots: list[int], drafts: list[SourcedDrafts], cache_len: int = 0) -> StepPlan:
-        """Row i's tree rooted at its pending token ``roots[i]`` from ``drafts[i]``; every
+    def plan(self, roots: list[int], proposals: list[Proposals], cache_len: int = 0) -> StepPlan:
+        """Row i's tree rooted at its pending token ``roots[i]`` from ``proposals[i]``; every
         tree keeps ``width`` draft nodes or fewer. ``cache_len``: cached tokens the trees
         attend to (the longest row's)."""
-        fulls = [self.candidates(root, row) for root, row in zip(roots, drafts)]
+        fulls = [self.candidates(root, row) for root, row in zip(roots, proposals)]
         orders = [np.argsort(-full.probs[1:], kind="stable") + 1 for full in fulls]  # ``DraftTree.top``'s order
         ranked = [full.probs[order[: self.tree_budget]] for full, order in zip(fulls, orders)]
         candidates = []
@@ -133,23 +134,22 @@ class TreePlanner:
         goes to the probe)."""
         self.sizer.observe_forward(rows, tokens, seconds, cache_len, plan.probing if plan is not None else None)
 
-    def observe(
-        self, drafts: list[SourcedDrafts], truths: list[np.ndarray], draft_seconds: float, asked: list[dict],
-        plan: StepPlan | None = None,
-    ) -> None:
-        """Grade every row's drafts against what the model produced in that row (``truths[i]``,
-        accepted + bonus, shape (t_i,)); ``plan``'s candidate trees grade the ranks. ``asked[i]``:
-        drafter name -> (its drafts, seconds it took) for row i, for the drafter gate.
+    def observe(self, proposals: list[Proposals], truths: list[np.ndarray], draft_seconds: float,
+                plan: StepPlan | None = None) -> None:
+        """Grade every row's drafts (``proposals[i]``, each drafter's seconds included) against
+        what the model produced in that row (``truths[i]``, accepted + bonus, shape (t_i,));
+        ``plan``'s candidate trees grade the ranks; the drafters asked feed the drafter gate.
         ``draft_seconds``: all rows' drafting time this step."""
+        matched = [row.matched(truth) for row, truth in zip(proposals, truths)]
         if self.sizer.cost is not None and truths:
             if plan is not None and len(plan.candidates) == len(truths):
                 for (full, order), truth in zip(plan.candidates, truths):
                     self.grader.grade_ranks(full, order, truth)
             token_seconds = self.sizer.plain_step_seconds(len(truths))
-            for row_asked, truth in zip(asked, truths):
-                if row_asked:
-                    self.grader.gate.observe(row_asked, truth, token_seconds=token_seconds)
-        self.grader.observe(drafts, truths)
+            for row, row_matched in zip(proposals, matched):
+                if row.asked.any():
+                    self.grader.gate.observe(row, row_matched, token_seconds=token_seconds)
+        self.grader.observe(proposals, truths, matched)
         self.sizer.observe_drafting(draft_seconds)
 
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from retrieval_draft.draft import Draft
+from retrieval_draft.draft import Draft, Proposals
 from retrieval_draft.planning.calibration import DEPTH_BANDS, PROB_EDGES, AcceptanceCalibrator
 from retrieval_draft.planning.planner import TreePlanner
 
@@ -35,7 +35,7 @@ def test_record_counts_each_token_in_its_cell_and_rates_shrink_cells_toward_thei
 
 def test_grading_one_draft_tests_through_its_first_wrong_token():
     planner = TreePlanner()
-    planner.grader.grade([("d", Draft(np.array([1, 2, 3, 4]), np.full(4, 0.95)))], np.array([1, 2, 9, 4]))
+    planner.grader.grade(Proposals.of([("d", Draft(np.array([1, 2, 3, 4]), np.full(4, 0.95)))]), np.array([1, 2, 9, 4]))
     calibrator = planner.calibrator("d")
     band, bucket = _cells(np.full(3, 0.95), np.arange(3))
     assert calibrator.trials.sum() == 3 and calibrator.hits.sum() == 2

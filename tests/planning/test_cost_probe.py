@@ -9,7 +9,7 @@ import retrieval_draft
 import retrieval_draft.decode.engine as engine
 import retrieval_draft.planning.cost_probe as cost_probe
 from retrieval_draft.cache_dir import CACHE_ENV
-from retrieval_draft.draft import Draft
+from retrieval_draft.draft import Draft, Proposals
 from retrieval_draft.memory import PluginMemory
 from retrieval_draft.planning.cost_file import load_cost
 from retrieval_draft.planning.cost_probe import AGAIN, REF, SETTLE, SETUP, TIME, CostProbe, Probe
@@ -100,7 +100,7 @@ def test_a_spell_that_slows_a_size_and_its_lone_root_alike_leaves_the_shape():
 
 def candidates(n: int) -> list:
     """One row's drafts: a chain of ``n`` likely tokens."""
-    return [[("prompt", Draft(np.arange(10, 10 + n), np.full(n, 0.9)))]]
+    return [Proposals.of([("prompt", Draft(np.arange(10, 10 + n), np.full(n, 0.9)))])]
 
 
 def test_a_planner_verifies_the_probed_sizes_and_routes_each_through_the_probed_path():

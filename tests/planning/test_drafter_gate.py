@@ -9,7 +9,7 @@ import torch
 
 import retrieval_draft
 from retrieval_draft.decode.stats import DecodeStats
-from retrieval_draft.draft import Draft
+from retrieval_draft.draft import Draft, Proposals
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.planning.drafter_gate import DrafterGate
 from tests.conftest import RandomDrafter, make_tiny_llama, random_prompt
@@ -73,6 +73,15 @@ def test_a_drafter_that_is_right_is_asked_every_step():
     assert oracle.queries == stats.steps
 
 
+def asked(step: dict) -> Proposals:
+    """One row's proposals for a step: drafter name -> (its drafts, seconds its ``propose`` took)."""
+    proposals = Proposals(list(step))
+    for name, (drafts, seconds) in step.items():
+        proposals.writer(name).extend(drafts)
+        proposals.took(seconds)
+    return proposals
+
+
 def test_a_skipped_drafter_comes_back_once_it_pays():
     gate = DrafterGate(min_queries=2, max_interval=8)
     truth = np.array([5, 6, 7, 8])
@@ -82,7 +91,8 @@ def test_a_skipped_drafter_comes_back_once_it_pays():
         if gate.should_ask("d"):
             asked_steps.append(step)
             drafts = wrong if step < 20 else [Draft(truth, np.full(4, 0.9))]
-            gate.observe({"d": (drafts, 0.001)}, truth, token_seconds=0.01)
+            step = asked({"d": (drafts, 0.001)})
+            gate.observe(step, step.matched(truth), token_seconds=0.01)
     early = [s for s in asked_steps if s < 20]
     late = [s for s in asked_steps if s >= 28]
     assert len(early) < 12  # backed off while its drafts were wrong
@@ -94,7 +104,8 @@ def test_marginal_tokens_count_only_what_other_drafters_did_not_offer():
     truth = np.array([1, 2, 3])
     both = [Draft(truth, np.full(3, 0.9))]
     for _ in range(20):
-        gate.observe({"cheap": (both, 0.00005), "costly": (both, 0.005)}, truth, token_seconds=0.01)
+        step = asked({"cheap": (both, 0.00005), "costly": (both, 0.005)})
+        gate.observe(step, step.matched(truth), token_seconds=0.01)
     assert gate.records["costly"].marginal == 0.0
     assert not gate.should_ask("costly")  # redundant and slow: skipped
     assert gate.should_ask("cheap")  # redundant too, but under 1% of a step: always asked

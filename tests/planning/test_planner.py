@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import retrieval_draft
-from retrieval_draft.draft import Draft
+from retrieval_draft.draft import Draft, Proposals
 from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.planning.calibration import AcceptanceCalibrator
@@ -54,7 +54,7 @@ def test_calibrator_moves_toward_the_observed_rate():
 
 def test_only_tokens_after_a_right_prefix_are_graded():
     planner = TreePlanner()
-    planner.grader.grade([("d", Draft(np.array([1, 2, 3, 4]), np.full(4, 0.5)))], np.array([1, 9, 3, 4]))
+    planner.grader.grade(Proposals.of([("d", Draft(np.array([1, 2, 3, 4]), np.full(4, 0.5)))]), np.array([1, 9, 3, 4]))
     calibrator = planner.calibrator("d")
     assert calibrator.trials.sum() == 2  # depth 0 right, depth 1 wrong, deeper never tested
     assert calibrator.hits.sum() == 1
@@ -63,7 +63,7 @@ def test_only_tokens_after_a_right_prefix_are_graded():
 def test_planned_tree_probabilities_never_rise_down_the_tree():
     planner = TreePlanner(tree_budget=16)
     drafts = [("a", chain([1, 2, 3], [0.5, 0.9, 0.9])), ("b", chain([4, 5], [0.3, 0.95]))]
-    tree = planner.plan([0], [drafts]).trees[0]
+    tree = planner.plan([0], [Proposals.of(drafts)]).trees[0]
     assert tree.size == 6
     assert np.all(tree.probs[1:] <= tree.probs[tree.parents[1:]] + 1e-12)
 
@@ -71,22 +71,22 @@ def test_planned_tree_probabilities_never_rise_down_the_tree():
 def test_planner_shrinks_to_plain_decoding_when_drafts_keep_failing():
     planner = TreePlanner(tree_budget=16, cost=CPU_CURVE)
     drafts = [("lookup", chain([1, 2, 3, 4], [0.8, 0.85, 0.85, 0.85]))]
-    assert planner.plan([0], [drafts]).trees[0].size > 1
+    assert planner.plan([0], [Proposals.of(drafts)]).trees[0].size > 1
     for _ in range(60):
-        planner.plan([0], [drafts]).trees[0]
-        planner.observe([drafts], [np.array([7])], 0.0, [{}])
-    assert planner.plan([0], [drafts]).trees[0].size == 1
+        planner.plan([0], [Proposals.of(drafts)]).trees[0]
+        planner.observe([Proposals.of(drafts)], [np.array([7])], 0.0)
+    assert planner.plan([0], [Proposals.of(drafts)]).trees[0].size == 1
 
 
 def test_a_reliable_drafter_wins_the_budget_from_a_confident_but_wrong_one():
     planner = TreePlanner(tree_budget=2)
     wrong = ("loud", chain([1, 2], [0.95, 0.95]))
     right = ("quiet", chain([5, 6], [0.3, 0.3]))
-    assert planner.plan([0], [[wrong, right]]).trees[0].tokens[1:].tolist() == [1, 2]
+    assert planner.plan([0], [Proposals.of([wrong, right])]).trees[0].tokens[1:].tolist() == [1, 2]
     for _ in range(40):  # the pruned drafter is graded too, so it can win
-        planner.plan([0], [[wrong, right]]).trees[0]
-        planner.observe([[wrong, right]], [np.array([5, 6, 8])], 0.0, [{}])
-    assert planner.plan([0], [[wrong, right]]).trees[0].tokens[1:].tolist() == [5, 6]
+        planner.plan([0], [Proposals.of([wrong, right])]).trees[0]
+        planner.observe([Proposals.of([wrong, right])], [np.array([5, 6, 8])], 0.0)
+    assert planner.plan([0], [Proposals.of([wrong, right])]).trees[0].tokens[1:].tolist() == [5, 6]
 
 
 def test_cost_curve_interpolates_between_measured_points_and_never_falls():
@@ -201,8 +201,8 @@ def test_a_repeated_task_gets_faster_with_output_history(tiny_llama):
 def test_a_prefix_shared_by_one_drafters_branches_is_graded_once():
     planner = TreePlanner(tree_budget=8)
     drafts = [("ngram", chain([1, 2], [0.5, 0.5])), ("ngram", chain([1, 3], [0.5, 0.5]))]
-    planner.plan([0], [drafts]).trees[0]
-    planner.observe([drafts], [np.array([1, 3, 4])], 0.0, [{}])
+    planner.plan([0], [Proposals.of(drafts)]).trees[0]
+    planner.observe([Proposals.of(drafts)], [np.array([1, 3, 4])], 0.0)
     calibrator = planner.calibrators["ngram"]
     assert calibrator.trials.sum() == 3  # token 1 once, then 2 (wrong) and 3 (right)
     assert calibrator.hits.sum() == 2

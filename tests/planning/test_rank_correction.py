@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from retrieval_draft.draft import Draft
+from retrieval_draft.draft import Draft, Proposals
 from retrieval_draft.planning.calibration import RankCorrection
 from retrieval_draft.planning.cost import VerifyCost
 from retrieval_draft.planning.grader import confirmed_nodes
@@ -36,7 +36,7 @@ def test_a_planner_that_saw_its_lower_ranks_fail_verifies_a_smaller_tree():
     fresh = TreePlanner(tree_budget=16, cost=curve)
     taught = TreePlanner(tree_budget=16, cost=curve)
     for _ in range(300):
-        (full, order), = taught.plan([1], [drafts]).candidates
+        (full, order), = taught.plan([1], [Proposals.of(drafts)]).candidates
         taught.grader.grade_ranks(full, order, np.array([10, 3]))  # only the first guess ever holds
-    assert taught.plan([1], [drafts]).trees[0].size < fresh.plan([1], [drafts]).trees[0].size
-    assert taught.plan([1], [drafts]).trees[0].size >= 2  # the reliable node stays
+    assert taught.plan([1], [Proposals.of(drafts)]).trees[0].size < fresh.plan([1], [Proposals.of(drafts)]).trees[0].size
+    assert taught.plan([1], [Proposals.of(drafts)]).trees[0].size >= 2  # the reliable node stays
