@@ -17,7 +17,7 @@ import importlib
 _EXPORTS = (  # (public name, the module that defines it)
     ("DecodeOptions", "retrieval_draft.decode.engine"),
     ("speculative_decode", "retrieval_draft.decode.engine"),
-    ("DecodeStats", "retrieval_draft.decode.stats"),
+    ("DecodeStats", "retrieval_draft.decode.engine"),
     ("CorruptDatastoreError", "retrieval_draft.errors"),
     ("CorruptHistoryError", "retrieval_draft.errors"),
     ("CorruptRecyclingTableError", "retrieval_draft.errors"),

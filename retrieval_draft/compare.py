@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from retrieval_draft.decode.stats import DecodeStats
+from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.session import GenerationRequest, Session
 
 

@@ -20,8 +20,8 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from retrieval_draft.config import DEFAULTS, DraftConfig
 from retrieval_draft.decode.engine import DecodeOptions, RowSinks, speculative_decode
-from retrieval_draft.decode.stats import DecodeStats
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.decode.engine import DecodeStats
+from retrieval_draft.draft import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from retrieval_draft.config import DraftConfig
-from retrieval_draft.decode.stats import DecodeStats
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.decode.engine import DecodeStats
+from retrieval_draft.draft import Drafter
 from retrieval_draft.drafters.registry import DRAFTERS, known_names
 from retrieval_draft.errors import InvalidInputError, counted
 from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory

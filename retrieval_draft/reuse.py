@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from retrieval_draft.decode.stats import DecodeStats
+from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.memory import PluginMemory
 from retrieval_draft.model.given_cache import extend_given, given_cache, given_seeds

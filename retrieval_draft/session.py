@@ -14,8 +14,8 @@ from typing import Sequence
 import torch
 
 from retrieval_draft.config import DEFAULTS
-from retrieval_draft.decode.stats import DecodeStats
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.decode.engine import DecodeStats
+from retrieval_draft.draft import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
 from retrieval_draft.errors import InvalidInputError

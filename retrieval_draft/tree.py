@@ -47,6 +47,15 @@ class DraftTree:
             if (self.depths[1:] != self.depths[child_parents] + 1).any():
                 raise ValueError("DraftTree depths disagree with parents")
 
+    @classmethod
+    def built(cls, tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray, probs: np.ndarray) -> "DraftTree":
+        """A tree that this package's own merge, cap or prune just built (valid by construction),
+        made without re-checking it: decoding builds three per row and step."""
+        tree = object.__new__(cls)
+        for name, value in (("tokens", tokens), ("parents", parents), ("depths", depths), ("probs", probs)):
+            object.__setattr__(tree, name, value)
+        return tree
+
     @property
     def size(self) -> int:
         """Number of nodes, root included."""
@@ -72,12 +81,16 @@ class DraftTree:
         """
         if budget + 1 >= self.size:
             return self
-        order = np.argsort(-scores[1:], kind="stable")[:budget] + 1
-        keep = np.concatenate([[0], np.sort(order)])
+        return self.kept(np.argsort(-scores[1:], kind="stable")[:budget] + 1)
+
+    def kept(self, nodes: np.ndarray) -> "DraftTree":
+        """The root plus draft ``nodes`` (shape (k,), any order), which must hold each one's
+        ancestors (``top``'s choice does)."""
+        keep = np.concatenate([[0], np.sort(nodes)])
         remap = np.full(self.size, -1, dtype=np.int64)
         remap[keep] = np.arange(keep.shape[0])
         parents = self.parents[keep]
-        return DraftTree(
+        return DraftTree.built(
             tokens=self.tokens[keep],
             parents=np.where(parents >= 0, remap[np.maximum(parents, 0)], -1),
             depths=self.depths[keep],
@@ -135,13 +148,13 @@ def merge_flat(root_token: int, tokens: np.ndarray, probs: np.ndarray, lengths: 
     conditional probabilities, draft i being the next ``lengths[i]`` (d,) entries."""
     if not tokens.size:
         return lone_root(root_token)
-    return DraftTree(*_merge(int(root_token), tokens.astype(np.int64, copy=False),
+    return DraftTree.built(*_merge(int(root_token), tokens.astype(np.int64, copy=False),
                              probs.astype(np.float64, copy=False), lengths.astype(np.int64, copy=False)))
 
 
 def lone_root(root_token: int) -> DraftTree:
     """The tree of the pending token alone (no drafts)."""
-    return DraftTree(np.array([root_token], np.int64), np.array([-1], np.int64), np.zeros(1, np.int64), np.ones(1))
+    return DraftTree.built(np.array([root_token], np.int64), np.array([-1], np.int64), np.zeros(1, np.int64), np.ones(1))
 
 
 @numba.njit(cache=True, nogil=True)

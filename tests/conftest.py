@@ -13,8 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from retrieval_draft.cache_dir import CACHE_ENV
-from retrieval_draft.draft import Draft
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.draft import Draft, Drafter
 
 TINY_VOCAB = 320
 CODE_PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"  # the SmolLM2 tests' code stub

@@ -1,28 +1,34 @@
-"""Verification of a scored token tree: pure functions over tensors.
+"""Verification of a step's scored token trees, with one device -> host read for all of them.
 
-Given the target model's logits at every tree node, walk down from the root
-and decide which draft nodes the model accepts, plus one bonus token drawn
-from the model at the last accepted node. No model, cache or I/O here.
+Given the target model's logits at every tree node, walk down from the root and decide which
+draft nodes the model accepts, plus one bonus token drawn from the model at the last accepted
+node (``walk``, the one walk). No model or cache here.
 
-Two ways to the same verdict: ``verify_greedy`` / ``verify_sampling`` compute
-each visited node's pick as they walk (one host read per node, free on CPU,
-and they process only the nodes visited); ``greedy_choices`` /
-``sampling_choices`` compute every node's pick on the device and ``walk``
-follows them after ONE host read (the GPU path; ``decode.readout``).
+Two ways to the same verdict: ``verify_greedy`` / ``verify_sampling`` compute each visited
+node's pick as the walk gets there (one host read per node, free on CPU, and only the nodes
+visited are processed); ``greedy_choices`` / ``sampling_choices`` compute every node's pick on
+the device, and ``read_verdicts`` reads them, together with whatever tree-observing drafters
+record (the recycling table's top-k, ``Drafter.tree_request``), in ONE host read
+(``transfer.to_host``) before walking the trees and handing each drafter its columns: on a GPU
+each read apart is a round trip that waits for the stream. ``verify_trees`` picks per tree: on
+CPU, where a logits processor or sampling is involved, the lazy walk (``walks_on_host``); plain
+greedy takes the one-read path on every device.
 
-Row ``i`` of ``logits`` is the model's next-token distribution after node
-``i``'s prefix (the context up to the root, then the path to node ``i``).
+Row ``i`` of ``logits`` is the model's next-token distribution after node ``i``'s prefix (the
+context up to the root, then the path to node ``i``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
+from retrieval_draft.draft import Drafter
 from retrieval_draft.model import transfer
+from retrieval_draft.model.transfer import to_host
 from retrieval_draft.tree import DraftTree
 
 # (input_ids of shape (1, L), scores of shape (1, V)) -> scores of shape (1, V);
@@ -231,3 +237,104 @@ def _child_lookup(tree: DraftTree) -> dict[tuple[int, int], int]:
         for i, (p, t) in enumerate(zip(tree.parents.tolist(), tree.tokens.tolist()))
         if i > 0
     }
+
+
+@dataclass(frozen=True)
+class TreeJob:
+    """One tree to verify.
+
+    Attributes:
+        tree: n nodes.
+        logits: (n, V) the model's raw logits at every node, on the model's device.
+        prefix: (L,) int64 host ids through the root (what a processor sees before the path).
+        processor: this tree's row's logits processor (``model.row_processors``), or None.
+        generator: the sampling stream (None: torch's global one; unused when greedy).
+        observers: drafters that record the tree (``observes_trees``).
+    """
+
+    tree: DraftTree
+    logits: torch.Tensor
+    prefix: np.ndarray
+    processor: LogitsProcessor | None = None
+    generator: torch.Generator | None = None
+    observers: Sequence[Drafter] = ()
+
+
+def walks_on_host(device: torch.device, do_sample: bool, processor: LogitsProcessor | None) -> bool:
+    """Whether to verify node by node (``verify_greedy`` / ``verify_sampling``) instead of
+    ``read_verdicts``: on CPU, when sampling or processing (there the lazy walk does less work)."""
+    return device.type == "cpu" and (do_sample or has_processor(processor))
+
+
+def verify_trees(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
+    """Every job's verdict, its observers fed: node by node on the host where ``walks_on_host``
+    says so, all the other jobs together with ONE host read (``read_verdicts``)."""
+    verdicts: list[Verdict | None] = [None] * len(jobs)
+    fused = []
+    for i, job in enumerate(jobs):
+        if not walks_on_host(job.logits.device, do_sample, job.processor):
+            fused.append(i)
+            continue
+        prefix = torch.from_numpy(job.prefix)
+        if do_sample:
+            verdicts[i] = verify_sampling(job.tree, job.logits, job.processor, prefix, job.generator)
+        else:
+            verdicts[i] = verify_greedy(job.tree, job.logits, job.processor, prefix)
+        for observer in job.observers:
+            observer.observe_tree(job.tree.tokens, job.logits)
+    if fused:
+        for i, verdict in zip(fused, read_verdicts([jobs[i] for i in fused], do_sample)):
+            verdicts[i] = verdict
+    return verdicts
+
+
+def read_verdicts(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
+    """Verify every job's tree with ONE host read; feed each job's observers from the same read.
+
+    Each observer (a drafter shared by rows is one observer) computes its request once, over
+    the nodes of every tree it observes. Greedy verdicts equal ``verify_greedy``'s; sampled ones
+    equal ``verify_sampling``'s with the same generator state, which is left as
+    ``verify_sampling`` leaves it.
+    """
+    blocks, rewinds = [], []
+    for job in jobs:
+        if do_sample:
+            choices, rewind = sampling_choices(job.tree, job.logits, job.processor, job.prefix, job.generator)
+        else:
+            choices, rewind = greedy_choices(job.tree, job.logits, job.processor, job.prefix), None
+        blocks.append(choices.to(torch.int32))
+        rewinds.append(rewind)
+    groups = _observer_groups(jobs)
+    widths = []
+    for observer, members in groups:
+        request = observer.tree_request([jobs[i].logits for i in members])
+        widths.append(request.shape[1])
+        blocks.append(request.reshape(-1))
+    host = to_host(blocks[0] if len(blocks) == 1 else torch.cat(blocks))
+    sizes = [job.tree.size for job in jobs]
+    offset = sum(sizes)
+    for (observer, members), width in zip(groups, widths):
+        nodes = sum(sizes[i] for i in members)
+        columns = host[offset : offset + nodes * width].reshape(nodes, width)
+        offset += nodes * width
+        row = 0
+        for i in members:
+            observer.tree_receive(jobs[i].tree.tokens, columns[row : row + sizes[i]])
+            row += sizes[i]
+    verdicts, start = [], 0
+    for job, rewind, size in zip(jobs, rewinds, sizes):
+        verdict = walk(job.tree, host[start : start + size])
+        start += size
+        if rewind is not None:
+            rewind(int(verdict.accepted.shape[0]))
+        verdicts.append(verdict)
+    return verdicts
+
+
+def _observer_groups(jobs: Sequence[TreeJob]) -> list[tuple[Drafter, list[int]]]:
+    """Each distinct observer (by identity) with the indices of the jobs it observes, in order."""
+    groups: dict[int, tuple[Drafter, list[int]]] = {}
+    for i, job in enumerate(jobs):
+        for observer in job.observers:
+            groups.setdefault(id(observer), (observer, []))[1].append(i)
+    return list(groups.values())

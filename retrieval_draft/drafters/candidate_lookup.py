@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.draft import Proposals
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.draft import Drafter, Proposals
 from retrieval_draft.drafters.recycling import EMPTY, RecyclingDrafter
 from retrieval_draft.errors import InvalidInputError
 

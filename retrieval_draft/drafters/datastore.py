@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.draft import Drafter
 from retrieval_draft.drafters.registry import STORE_DRAFTERS, DraftSources, make_drafters
 from retrieval_draft.errors import InvalidInputError, TokenIdOutOfRangeError, TokenizerMismatchError
 from retrieval_draft.store.reader import Datastore

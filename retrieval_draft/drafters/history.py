@@ -20,8 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval_draft.draft import Proposals
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.draft import Drafter, Proposals
 from retrieval_draft.drafters.tagged_npz import load_tagged, save_tagged
 from retrieval_draft.drafters.tail_match import continuations, tail_matches
 from retrieval_draft.errors import CorruptHistoryError, TokenIdOutOfRangeError

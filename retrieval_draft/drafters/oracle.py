@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.draft import Draft
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.draft import Draft, Drafter
 
 
 class OracleDrafter(Drafter):

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.draft import Proposals
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.draft import Drafter, Proposals
 from retrieval_draft.drafters.tail_match import continuations, tail_matches
 
 

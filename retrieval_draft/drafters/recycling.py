@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 import numba
 import numpy as np
 
-from retrieval_draft.draft import Proposals
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.draft import Drafter, Proposals
 from retrieval_draft.drafters.row_top_k import top_k_rows
 from retrieval_draft.model import transfer
 from retrieval_draft.drafters.tagged_npz import load_tagged, save_tagged

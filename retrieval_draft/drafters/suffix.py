@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.draft import Proposals
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.draft import Drafter, Proposals
 from retrieval_draft.store.reader import Datastore
 from retrieval_draft.store.sharded import ShardedDatastore
 from retrieval_draft.store.suffix_query import longest_match, suffix_drafts

@@ -30,9 +30,8 @@ from typing import Sequence
 import numba
 import numpy as np
 
-from retrieval_draft.draft import Proposals
-from retrieval_draft.drafters.base import Drafter
-from retrieval_draft.planning.grader import DraftGrader
+from retrieval_draft.draft import Drafter, Proposals
+from retrieval_draft.planning.planner import DraftGrader
 from retrieval_draft.planning.planner import cap_siblings
 from retrieval_draft.tree import DraftTree, merge_flat
 

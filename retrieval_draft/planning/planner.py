@@ -14,6 +14,18 @@ curve), the planner measures the curve from decoding's own forwards: while the p
 forward of n tokens that the step's candidates can fill, the step verifies the n most probable
 nodes (through the matmul path the probe names) and the forward's time is recorded; other steps
 are sized by the curve from the sizes timed so far.
+
+The acceptance side lives here too. ``DraftGrader`` maps each drafter's guesses to observed
+acceptance rates (one ``AcceptanceCalibrator`` per drafter, graded every step against what the
+model produced, pruned drafts included), so a noisy drafter's many branches cost little and a
+reliable one's long chains are kept; it records what the merged trees' ranks delivered against
+what they promised (``RankCorrection``). ``DrafterGate`` asks only the drafters whose drafts pay
+for their time: asking costs a drafter's ``propose`` time every step and pays back only the
+tokens it gets right that no other drafter offered (its *marginal* tokens), each worth about one
+plain step; a drafter whose expected saving falls below its cost is asked every 2nd, 4th, ... up
+to every ``max_interval``-th step, and every step again as soon as a query shows it pays. A
+drafter costing under ``free_share`` of a step is always asked. Outputs never depend on the
+grader or the gate, only speed.
 """
 
 from __future__ import annotations
@@ -28,8 +40,6 @@ from retrieval_draft.draft import Proposals
 from retrieval_draft.planning.calibration import AcceptanceCalibrator, RankCorrection
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
 from retrieval_draft.planning.cost_probe import CostProbe, Probe
-from retrieval_draft.planning.drafter_gate import DrafterGate
-from retrieval_draft.planning.grader import DraftGrader
 from retrieval_draft.planning.sizer import TreeSizer
 from retrieval_draft.tree import DraftTree, merge_flat
 
@@ -126,7 +136,8 @@ class TreePlanner:
             ranked = [probs * self.grader.ranks.factors(probs.shape[0]) for probs in ranked]
         probing = self.sizer.probe_forward(ranked)
         budget = probing.tokens - 1 if probing is not None else self.sizer.width(ranked, cache_len)
-        return StepPlan([full.top(budget, full.probs) for full in fulls], candidates, probing, self.sizer.matmul_sizes(probing))
+        trees = [full if budget + 1 >= full.size else full.kept(order[:budget]) for full, order in zip(fulls, orders)]
+        return StepPlan(trees, candidates, probing, self.sizer.matmul_sizes(probing))
 
     def observe_forward(self, rows: int, tokens: int, seconds: float, cache_len: int = 0, plan: StepPlan | None = None) -> None:
         """A forward over ``rows`` rows' trees, ``tokens`` new tokens in all (rows x width), after
@@ -161,7 +172,7 @@ def cap_siblings(tree: DraftTree) -> DraftTree:
     """
     if tree.size == 1:
         return tree
-    return DraftTree(tree.tokens, tree.parents, tree.depths, _capped(tree.parents, tree.probs))
+    return DraftTree.built(tree.tokens, tree.parents, tree.depths, _capped(tree.parents, tree.probs))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -179,3 +190,223 @@ def _capped(parents: np.ndarray, probs: np.ndarray) -> np.ndarray:
     for node in range(1, n):  # parents come before children
         capped[node] = conditional[node] / max(totals[parents[node]], 1.0) * capped[parents[node]]
     return capped
+
+
+class DraftGrader:
+    """Calibrated probabilities for a step's drafts, and learning from the step's outcome.
+
+    Args:
+        calibrators: drafter name -> calibrator, shared with whoever passes the same dict (the
+            plugin keeps one per model, so each call starts from the rates earlier calls
+            observed); None starts from the priors.
+        gate: decides which drafters are asked each step (used only with a cost curve, which
+            prices an accepted token); default a fresh ``DrafterGate``.
+        ranks: what the merged trees' ranks delivered against their probabilities (shared like
+            ``calibrators``).
+    """
+
+    def __init__(
+        self, calibrators: dict[str, AcceptanceCalibrator] | None = None, gate: DrafterGate | None = None,
+        ranks: RankCorrection | None = None,
+    ) -> None:
+        self.calibrators: dict[str, AcceptanceCalibrator] = calibrators if calibrators is not None else {}
+        self.gate = gate if gate is not None else DrafterGate()
+        self.ranks = ranks if ranks is not None else RankCorrection()
+
+    def register(self, drafters) -> None:
+        """Give each drafter not seen before a calibrator with that drafter's ``prior_scale``."""
+        for drafter in drafters:
+            if drafter.name not in self.calibrators:
+                self.calibrators[drafter.name] = AcceptanceCalibrator(prior_scale=drafter.prior_scale)
+
+    def calibrator(self, source: str) -> AcceptanceCalibrator:
+        """The calibrator of one drafter (created with the default prior on first use)."""
+        if source not in self.calibrators:
+            self.calibrators[source] = AcceptanceCalibrator()
+        return self.calibrators[source]
+
+    def calibrated(self, proposals: Proposals) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The row's drafts laid end to end, in order (views of the buffer where nothing
+        changes): tokens (m,), calibrated conditional probabilities (m,) and each draft's length
+        (d,); one calibrator call per drafter."""
+        tokens, raw, lengths = proposals.flat()
+        if not tokens.size:
+            return tokens, raw, lengths
+        depths = proposals.depths[: proposals.used]
+        rates = np.empty_like(raw)
+        for owner, start, end in proposals.runs():  # one calibrator call per run of one drafter's drafts
+            rates[start:end] = self.calibrator(proposals.names[owner]).rates(raw[start:end], depths[start:end])
+        np.clip(rates, 1e-6, 1.0, out=rates)
+        return tokens, rates, lengths
+
+    def observe(self, proposals: list[Proposals], truths: list[np.ndarray], matched: list[np.ndarray]) -> None:
+        """Grade every row's drafts against what the model produced in that row (``truths[i]``,
+        accepted + bonus, shape (t_i,); ``matched[i]``: ``matched_prefixes`` of the row's drafts
+        against it); rates decay once per step, however many rows."""
+        for calibrator in self.calibrators.values():
+            calibrator.decay_counts()
+        for row, truth, row_matched in zip(proposals, truths, matched):
+            self.grade(row, truth, row_matched)
+
+    def grade(self, proposals: Proposals, truth: np.ndarray, matched: np.ndarray | None = None) -> None:
+        """Grade every offered draft against ``truth`` (shape (t,) int64; ``matched``:
+        ``proposals.matched(truth)`` where the caller has it): a token is tested when the tokens before it in
+        its draft equal ``truth``, right when it does too. A drafter's drafts that share a prefix
+        grade it once (its first draft's probabilities): a tested token's prefix is ``truth``'s,
+        so (drafter, depth, token) names it."""
+        tokens, raw, lengths = proposals.flat()
+        if not tokens.size:
+            return
+        if matched is None:
+            matched = proposals.matched(truth)
+        depths, owners = proposals.depths[: proposals.used], proposals.entry_owners[: proposals.used]
+        first, right = first_tested(tokens, depths, owners, lengths, matched, truth)
+        for owner, start, end in _owner_runs(owners[first]):
+            mine = first[start:end]
+            self.calibrator(proposals.names[owner]).record(raw[mine], depths[mine], right[start:end])
+
+    def grade_ranks(self, full: DraftTree, order: np.ndarray, truth: np.ndarray) -> None:
+        """Record in ``ranks`` which of the candidate tree ``full``'s draft nodes (``order``: their
+        indices by decreasing probability, shape (n - 1,)) the model's tokens ``truth`` (accepted +
+        bonus, shape (t,)) confirmed, by rank, pruned nodes included."""
+        if full.size == 1:
+            return
+        decided, confirmed = confirmed_nodes(full.tokens, full.parents, full.depths, truth.astype(np.int64, copy=False))
+        keep = decided[order]
+        ranks = np.arange(1, order.shape[0] + 1)[keep]
+        self.ranks.record(ranks, full.probs[order[keep]], confirmed[order[keep]])
+
+
+def _owner_runs(owners: np.ndarray) -> list[tuple[int, int, int]]:
+    """(owner, start, end) of each run of equal values in ``owners`` (m,), sorted by owner."""
+    if not owners.size:
+        return []
+    cuts = np.flatnonzero(owners[1:] != owners[:-1]) + 1
+    starts = np.concatenate(([0], cuts)).tolist()
+    ends = np.concatenate((cuts, [owners.shape[0]])).tolist()
+    return [(int(owners[a]), a, b) for a, b in zip(starts, ends)]
+
+
+@numba.njit(cache=True, nogil=True)
+def first_tested(tokens, depths, owners, lengths, matched, truth):  # pragma: no cover - compiled
+    """The entries that grade their drafters, and whether each was right.
+
+    Of drafts laid end to end (``tokens``, ``depths``, ``owners`` (m,); ``lengths``, ``matched``
+    (d,): how many leading tokens of each equal ``truth`` (t,)), an entry is tested when the
+    entries before it in its draft were right (through the first wrong one); of tested entries
+    with equal (owner, depth, token) only the first counts. Returns their indices (k,) int64,
+    ordered by owner then position, and whether each equals ``truth`` at its depth (k,) bool.
+    """
+    m = tokens.shape[0]
+    chosen = np.zeros(m, np.bool_)
+    start = 0
+    for d in range(lengths.shape[0]):
+        limit = min(lengths[d], truth.shape[0])
+        tested = matched[d] + 1 if matched[d] < limit else limit
+        for j in range(start, start + tested):
+            duplicate = False
+            for i in range(j):  # tested entries are few: a pairwise check beats a hash
+                if chosen[i] and owners[i] == owners[j] and depths[i] == depths[j] and tokens[i] == tokens[j]:
+                    duplicate = True
+                    break
+            chosen[j] = not duplicate
+        start += lengths[d]
+    first = np.flatnonzero(chosen)
+    first = first[np.argsort(owners[first], kind="mergesort")]
+    right = np.empty(first.shape[0], np.bool_)
+    for k in range(first.shape[0]):
+        depth = depths[first[k]]
+        right[k] = depth < truth.shape[0] and tokens[first[k]] == truth[depth]
+    return first, right
+
+
+@numba.njit(cache=True, nogil=True)
+def confirmed_nodes(tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray, truth: np.ndarray):
+    """Of a tree's nodes (n,), topological, root 0: which the model's tokens ``truth`` (t,) decide
+    (a node below a refuted one is refuted; one below the bonus token, at depth > t, is not
+    decided) and which they confirm (its path equals ``truth``'s first tokens); each (n,) bool."""
+    n = tokens.shape[0]
+    decided = np.zeros(n, np.bool_)
+    confirmed = np.zeros(n, np.bool_)
+    decided[0] = True
+    confirmed[0] = True
+    for node in range(1, n):
+        parent = parents[node]
+        if not decided[parent]:
+            continue
+        if not confirmed[parent]:
+            decided[node] = True
+        elif depths[node] <= truth.shape[0]:
+            decided[node] = True
+            confirmed[node] = tokens[node] == truth[depths[node] - 1]
+    return decided, confirmed
+
+
+@dataclass
+class DrafterRecord:
+    """Smoothed observations of one drafter (seconds and tokens per query)."""
+
+    seconds: float = 0.0
+    marginal: float = 0.0
+    queries: int = 0
+    interval: int = 1  # ask every ``interval``-th step
+    wait: int = 0  # steps left before the next query
+
+
+class DrafterGate:
+    """Skips drafters that cost more than they add.
+
+    Args:
+        decay: weight of the old average in each update (0.9: about the last ten queries).
+        min_queries: queries observed before a drafter may be skipped.
+        max_interval: longest gap, in steps, between two queries of a drafter that does not pay.
+        free_share: a drafter whose query costs less than this fraction of
+            ``token_seconds`` is never skipped.
+    """
+
+    def __init__(
+        self, decay: float = 0.9, min_queries: int = 8, max_interval: int = 32, free_share: float = 0.01
+    ) -> None:
+        if not 0.0 <= decay < 1.0 or min_queries < 1 or max_interval < 1 or free_share < 0:
+            raise ValueError("decay must lie in [0, 1), min_queries and max_interval >= 1, free_share >= 0")
+        self.decay = decay
+        self.min_queries = min_queries
+        self.max_interval = max_interval
+        self.free_share = free_share
+        self.records: dict[str, DrafterRecord] = {}
+
+    def should_ask(self, name: str) -> bool:
+        """Whether to query drafter ``name`` this step (counts the step down when not)."""
+        record = self.records.setdefault(name, DrafterRecord())
+        if record.wait > 0:
+            record.wait -= 1
+            return False
+        return True
+
+    def observe(self, proposals: Proposals, matched: np.ndarray, token_seconds: float) -> None:
+        """Update the drafters asked this step (``proposals.asked``) and reschedule them.
+
+        Args:
+            proposals: the row's drafts this step, with each drafter's ``propose`` seconds.
+            matched: shape (d,), how many leading tokens of each draft equal the tokens the
+                model produced (``matched_prefixes``): a drafter got right the longest of its own.
+            token_seconds: what one more accepted token saves (about one plain step).
+        """
+        right = [0] * len(proposals.names)
+        for owner, length in zip(proposals.owners[: proposals.count].tolist(), matched.tolist()):
+            right[owner] = max(right[owner], length)
+        for number in np.flatnonzero(proposals.asked).tolist():
+            name, seconds = proposals.names[number], float(proposals.seconds[number])
+            others = max((r for other, r in enumerate(right) if other != number), default=0)
+            record = self.records.setdefault(name, DrafterRecord())
+            first = record.queries == 0
+            d = 0.0 if first else self.decay
+            record.seconds = d * record.seconds + (1 - d) * seconds
+            record.marginal = d * record.marginal + (1 - d) * max(right[number] - others, 0)
+            record.queries += 1
+            pays = record.marginal * token_seconds >= record.seconds or record.seconds < self.free_share * token_seconds
+            if pays or record.queries < self.min_queries:
+                record.interval = 1
+            else:
+                record.interval = min(record.interval * 2, self.max_interval)
+            record.wait = record.interval - 1

@@ -84,9 +84,10 @@ class TreeSizer:
             return most
         rows = len(ranked)
         gains = np.full(most + 1, float(rows))
-        for probs in ranked:
-            summed = np.concatenate([[0.0], np.cumsum(probs)])
-            gains += summed[np.minimum(np.arange(most + 1), probs.shape[0])]
+        for probs in ranked:  # a row's expected tokens at each width: its bonus token plus its nodes' sum
+            summed = np.cumsum(probs)
+            gains[1 : probs.shape[0] + 1] += summed
+            gains[probs.shape[0] + 1 :] += summed[-1] if probs.shape[0] else 0.0
         cost = self.observed.apply(self._curve(rows), cache_len, rows)
         tokens = np.minimum(rows * np.arange(1, most + 2), cost.max_nodes)
         seconds = cost.seconds[tokens] + self.overhead_s

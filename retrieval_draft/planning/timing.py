@@ -48,27 +48,27 @@ class ForwardTimer:
         self._events = None
         if self.mode == CUDA_EVENTS:
             self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        self._started = self._stopped = 0.0
+        self._marks = [0.0, 0.0]  # host clock at start and stop
 
     def start(self) -> None:
-        if self.mode == CUDA_EVENTS:
-            self._events[0].record(torch.cuda.current_stream(self.device))
-            return
-        if self.mode == SYNCHRONIZED:
-            synchronize(self.device)
-        self._started = time.perf_counter()
+        self._mark(0)
 
     def stop(self) -> None:
+        self._mark(1)
+
+    def _mark(self, end: int) -> None:
+        """Record the interval's start (``end`` 0) or stop (1): a CUDA event, or the host clock
+        (after a synchronise where the device has no events)."""
         if self.mode == CUDA_EVENTS:
-            self._events[1].record(torch.cuda.current_stream(self.device))
+            self._events[end].record(torch.cuda.current_stream(self.device))
             return
         if self.mode == SYNCHRONIZED:
             synchronize(self.device)
-        self._stopped = time.perf_counter()
+        self._marks[end] = time.perf_counter()
 
     def seconds(self) -> float:
         """The last start-stop interval in seconds; on CUDA waits for the stop event if it is pending."""
         if self.mode == CUDA_EVENTS:
             self._events[1].synchronize()
             return self._events[0].elapsed_time(self._events[1]) / 1000.0
-        return self._stopped - self._started
+        return self._marks[1] - self._marks[0]

@@ -25,7 +25,7 @@ import torch
 from transformers.generation import GenerateDecoderOnlyOutput
 from transformers.generation.utils import GenerationMixin
 
-from retrieval_draft.decode.stats import DecodeStats
+from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.errors import InvalidInputError, RetrievalDraftError
 from retrieval_draft.hf import generate as retrieval_generate
 from retrieval_draft.hf import prefill

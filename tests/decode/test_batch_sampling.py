@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import retrieval_draft
-import retrieval_draft.decode.readout as readout
+import retrieval_draft.decode.verify as readout
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.model.tree_model import TreeModel

@@ -6,8 +6,7 @@ import torch
 
 import retrieval_draft
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
-from retrieval_draft.draft import Draft
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.draft import Draft, Drafter
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.model.tree_model import TreeModel

@@ -45,12 +45,11 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-import retrieval_draft.decode.readout as readout
+import retrieval_draft.decode.verify as readout
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
 from retrieval_draft.tree import DraftTree, build_tree
 from retrieval_draft.decode.verify import Verdict, node_scores, verify_sampling
-from retrieval_draft.draft import Draft
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.draft import Draft, Drafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.model.tree_model import TreeModel

@@ -19,9 +19,9 @@ from torch.overrides import TorchFunctionMode
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import retrieval_draft
-from retrieval_draft.decode import readout
+from retrieval_draft.decode import verify as readout
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
-from retrieval_draft.decode.readout import TreeJob, read_verdicts
+from retrieval_draft.decode.verify import TreeJob, read_verdicts
 from retrieval_draft.tree import build_tree
 from retrieval_draft.decode.verify import verify_greedy, verify_sampling
 from retrieval_draft.draft import Draft

@@ -8,10 +8,10 @@ import numpy as np
 import torch
 
 import retrieval_draft
-from retrieval_draft.decode.stats import DecodeStats
+from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.draft import Draft, Proposals
 from retrieval_draft.drafters.oracle import OracleDrafter
-from retrieval_draft.planning.drafter_gate import DrafterGate
+from retrieval_draft.planning.planner import DrafterGate
 from tests.conftest import RandomDrafter, make_tiny_llama, random_prompt
 
 NEW_TOKENS = 80

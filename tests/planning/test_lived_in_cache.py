@@ -16,7 +16,7 @@ import torch
 
 import retrieval_draft
 from retrieval_draft.cache_dir import CACHE_ENV
-from retrieval_draft.decode.stats import DecodeStats
+from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.memory import PluginMemory

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 import retrieval_draft
-from retrieval_draft.draft import Draft, Proposals
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.draft import Draft, Drafter, Proposals
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.planning.calibration import AcceptanceCalibrator
 from retrieval_draft.planning.cost import VerifyCost

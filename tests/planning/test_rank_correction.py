@@ -5,7 +5,7 @@ import numpy as np
 from retrieval_draft.draft import Draft, Proposals
 from retrieval_draft.planning.calibration import RankCorrection
 from retrieval_draft.planning.cost import VerifyCost
-from retrieval_draft.planning.grader import confirmed_nodes
+from retrieval_draft.planning.planner import confirmed_nodes
 from retrieval_draft.planning.planner import TreePlanner
 
 

@@ -9,7 +9,7 @@ import torch
 
 import retrieval_draft
 from retrieval_draft.cache_dir import CACHE_ENV
-from retrieval_draft.decode.stats import DecodeStats
+from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.drafters.history import SEPARATOR
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.hf import learned_rates, output_history

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 import retrieval_draft
-from retrieval_draft.draft import Draft
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.draft import Draft, Drafter
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from tests.conftest import TINY_VOCAB, RandomDrafter, make_tiny_llama, random_prompt

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from retrieval_draft.draft import Draft
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.draft import Draft, Drafter
 from retrieval_draft.drafters.datastore import datastore_drafters
 from retrieval_draft.drafters.ngram import NgramDrafter
 from retrieval_draft.drafters.suffix import MAX_MATCH, SuffixDrafter

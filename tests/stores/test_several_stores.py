@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import retrieval_draft
-from retrieval_draft.decode.stats import DecodeStats
+from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
 from retrieval_draft.errors import DatastoreNotFoundError, InvalidInputError
 from retrieval_draft.memory import PluginMemory

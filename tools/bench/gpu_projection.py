@@ -43,7 +43,7 @@ import torch
 
 import retrieval_draft
 from retrieval_draft.atomic import atomic_write_bytes
-from retrieval_draft.decode.stats import DecodeStats
+from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.planning.cost import VerifyCost
 from retrieval_draft.planning.planner import TreePlanner
 from tools.bench import peers

@@ -30,8 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval_draft.draft import Draft
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.draft import Draft, Drafter
 
 SDIST = "arctic-inference==0.3.0"
 PEERS = Path(__file__).resolve().parents[2] / ".cache" / "peers"

@@ -41,8 +41,8 @@ import numpy as np
 import torch
 
 import retrieval_draft
-from retrieval_draft.decode.stats import DecodeStats
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.decode.engine import DecodeStats
+from retrieval_draft.draft import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.registry import DraftSources, make_drafters

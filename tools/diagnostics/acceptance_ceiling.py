@@ -101,7 +101,7 @@ def collect(workloads: list[str], prompts: int, max_new_tokens: int, model_path:
     import torch
 
     import retrieval_draft
-    from retrieval_draft.decode.stats import DecodeStats
+    from retrieval_draft.decode.engine import DecodeStats
     from retrieval_draft.session import load_session
     from tools.bench.run import encode
     from tools.bench.workloads import build_workloads

@@ -37,10 +37,9 @@ import torch
 
 from retrieval_draft.config import DEFAULTS
 from retrieval_draft.decode.engine import DecodeOptions, speculative_decode
-from retrieval_draft.decode.stats import DecodeStats
+from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.tree import DraftTree
-from retrieval_draft.draft import Draft
-from retrieval_draft.drafters.base import Drafter
+from retrieval_draft.draft import Draft, Drafter
 from retrieval_draft.drafters.registry import DRAFTERS, DraftSources, default_names, make_drafters
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost

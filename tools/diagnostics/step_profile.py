@@ -35,7 +35,7 @@ import torch
 
 import retrieval_draft
 from retrieval_draft.atomic import atomic_write_bytes
-from retrieval_draft.decode.stats import DecodeStats
+from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.memory import PluginMemory
 from retrieval_draft.planning.timing import synchronize
 
