@@ -13,7 +13,7 @@ from transformers import BloomConfig, BloomForCausalLM, DynamicCache, MistralCon
 import retrieval_draft
 from retrieval_draft.config import DEFAULTS
 from retrieval_draft.errors import InvalidInputError
-from retrieval_draft.memory import PluginMemory
+from retrieval_draft.sessions.memory import PluginMemory
 from tests.conftest import make_tiny_llama, random_prompt
 from tests.decode.test_batch_greedy import tiny_gemma3
 

@@ -97,9 +97,9 @@ def run_generate(args: argparse.Namespace) -> int:
     from retrieval_draft.model.models import model_location
 
     model_location(args.model)  # a missing model is refused before torch and transformers load (~7 s)
-    from retrieval_draft.compare import compare_with_plain
+    from retrieval_draft.cli.compare import compare_with_plain
     from retrieval_draft.drafters.history import HistoryDrafter
-    from retrieval_draft.session import GenerationRequest, load_session
+    from retrieval_draft.sessions.session import GenerationRequest, load_session
 
     sampling = {k: v for k, v in (("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p)) if v is not None}
     drafters = args.drafters

@@ -15,7 +15,7 @@ import torch
 
 from retrieval_draft.decode.stats import DecodeStats
 from retrieval_draft.errors import InvalidInputError
-from retrieval_draft.memory import PluginMemory
+from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft.model.given_cache import extend_given, given_cache, given_seeds
 from retrieval_draft.model.prefix_cache import weights_signature
 from retrieval_draft.model.prefix_reuse import PrefixReuse, layout_blocker

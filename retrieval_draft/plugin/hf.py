@@ -25,11 +25,11 @@ from retrieval_draft.drafters.base import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
-from retrieval_draft.hf_options import ScoreRecorder, build_output, check_options, padded_sequences, score_recorder
-from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
+from retrieval_draft.plugin.hf_options import ScoreRecorder, build_output, check_options, padded_sequences, score_recorder
+from retrieval_draft.sessions.memory import PROCESS_MEMORY, PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
-from retrieval_draft.plugin_keywords import plugin_keywords
-from retrieval_draft.reuse import finish_reuse, read_ahead, start_reuse
+from retrieval_draft.plugin.keywords import plugin_keywords
+from retrieval_draft.plugin.reuse import finish_reuse, read_ahead, start_reuse
 from retrieval_draft.model.generate_kwargs import eos_token_ids, pad_token_id, receives_generate_kwargs
 from retrieval_draft.model.row_processors import row_processors
 from retrieval_draft.model.attention_layout import CHAIN
@@ -107,7 +107,7 @@ def generate(
         draft_seed: seed for sampling; the same seed gives the same output.
         prefix_cache_bytes: most bytes of KV rows kept per model, so that a later call whose
             prompt begins with an earlier call's prompt and output prefills only the rest
-            (``retrieval_draft.reuse``); 0 turns that off. A cache the caller prefilled and passed
+            (``retrieval_draft.plugin.reuse``); 0 turns that off. A cache the caller prefilled and passed
             as ``past_key_values`` (HF's idiom) is started from too.
 
     A batch (several rows, or a padded attention mask; left padding) takes the same
