@@ -14,15 +14,14 @@ import sys
 import time
 from pathlib import Path
 
-from retrieval_draft.config import DEFAULTS
+from retrieval_draft.config import DEFAULTS, DraftConfig
 from retrieval_draft.drafters.registry import DRAFTERS, STORE_DRAFTERS, known_names
 from retrieval_draft.errors import InvalidInputError, RetrievalDraftError
 
-# generate's numeric flags: (flag, argparse attribute, valid?, the rule in words); unset (None) is fine.
+# generate's numeric flags besides the drafting settings (``DraftConfig`` checks those): (flag, argparse
+# attribute, valid?, the rule in words); unset (None) is fine.
 _NUMBER_RULES = (
     ("--max-new-tokens", "max_new_tokens", lambda v: v >= 1, "at least 1"),
-    ("--tree-budget", "tree_budget", lambda v: v >= 0, "at least 0"),
-    ("--max-draft-len", "max_draft_len", lambda v: v >= 1, "at least 1"),
     ("--temperature", "temperature", lambda v: 0 < v < math.inf, "a finite number above 0"),
     ("--top-k", "top_k", lambda v: v >= 1, "at least 1"),
     ("--top-p", "top_p", lambda v: 0 < v <= 1, "above 0 and at most 1"),
@@ -155,11 +154,15 @@ def _prompt(args: argparse.Namespace) -> str:
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
-    """Raise InvalidInputError for the first out-of-range number, before anything is loaded."""
+    """Raise InvalidInputError for the first out-of-range number, before anything is loaded: the
+    drafting settings (``--tree-budget``, ``--max-draft-len``, ``--seed``) by ``DraftConfig``'s own
+    checks, with the plugin's message; the others by ``_NUMBER_RULES``."""
     for flag, name, valid, rule in _NUMBER_RULES:
         value = getattr(args, name)
         if value is not None and not valid(value):
             raise InvalidInputError(f"{flag} must be {rule}, got {value}")
+    DraftConfig(tree_budget=args.tree_budget, max_draft_len=args.max_draft_len, adaptive_tree=not args.fixed_tree,
+                draft_seed=args.seed)
 
 
 def _check_drafters(args: argparse.Namespace) -> None:

@@ -152,13 +152,13 @@ def generate(
     prefixes = memory.model(model).prefixes
     with memory.model(model).lock:
         tree_model = TreeModel(model)
-        tree_model.reserve = options.max_new_tokens + config.tree_budget + 1  # new tokens and one tree
         tree_model.start_reuse(prefixes, config.prefix_cache_bytes, input_ids, attention_mask, model_kwargs)
         if ours.planner is None:  # one row verified as trees can measure the cost curve while it decodes
             can_probe = rows == 1 and tree_model.layout.mode != CHAIN
             planner = make_planner(model, config, options.do_sample, memory, can_probe)
         else:
             planner = ours.planner
+        tree_model.reserve = options.max_new_tokens + planner.tree_budget + 1  # new tokens and one tree (the planner's)
         for row, row_streamer in enumerate(streamers):
             if row_streamer is not None and not ours.prompt_streamed:
                 row_streamer.put(input_ids[row : row + 1, attention_mask[row].bool()].cpu())
