@@ -14,12 +14,15 @@ import sys
 import time
 from pathlib import Path
 
-from retrieval_draft.config import DEFAULTS, DraftConfig
+from retrieval_draft.config import DEFAULTS, check_setting
 from retrieval_draft.drafters.registry import DRAFTERS, STORE_DRAFTERS, known_names
 from retrieval_draft.errors import InvalidInputError, RetrievalDraftError
 
-# generate's numeric flags besides the drafting settings (``DraftConfig`` checks those): (flag, argparse
-# attribute, valid?, the rule in words); unset (None) is fine.
+# generate's flags that set a drafting setting: (flag, argparse attribute, the setting), which
+# ``config.check_setting`` checks by the rule and with the message the plugin's keyword gets.
+_SETTING_FLAGS = (("--tree-budget", "tree_budget", "tree_budget"), ("--max-draft-len", "max_draft_len", "max_draft_len"),
+                  ("--seed", "seed", "draft_seed"))
+# generate's other numeric flags: (flag, argparse attribute, valid?, the rule in words); unset (None) is fine.
 _NUMBER_RULES = (
     ("--max-new-tokens", "max_new_tokens", lambda v: v >= 1, "at least 1"),
     ("--temperature", "temperature", lambda v: 0 < v < math.inf, "a finite number above 0"),
@@ -154,15 +157,18 @@ def _prompt(args: argparse.Namespace) -> str:
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
-    """Raise InvalidInputError for the first out-of-range number, before anything is loaded: the
-    drafting settings (``--tree-budget``, ``--max-draft-len``, ``--seed``) by ``DraftConfig``'s own
-    checks, with the plugin's message; the others by ``_NUMBER_RULES``."""
+    """Raise InvalidInputError for the first out-of-range number, before anything is loaded: a drafting
+    setting by the config's check, its message after the flag ("--tree-budget: tree_budget must be an
+    integer in 0..4096, got -1"), the others by ``_NUMBER_RULES``."""
     for flag, name, valid, rule in _NUMBER_RULES:
         value = getattr(args, name)
         if value is not None and not valid(value):
             raise InvalidInputError(f"{flag} must be {rule}, got {value}")
-    DraftConfig(tree_budget=args.tree_budget, max_draft_len=args.max_draft_len, adaptive_tree=not args.fixed_tree,
-                draft_seed=args.seed)
+    for flag, name, setting in _SETTING_FLAGS:
+        try:
+            check_setting(setting, getattr(args, name))
+        except InvalidInputError as error:
+            raise InvalidInputError(f"{flag}: {error}") from None
 
 
 def _check_drafters(args: argparse.Namespace) -> None:

@@ -80,7 +80,7 @@ def generate(
             string, as the command line's ``--drafters``) or drafter instances; default
             prompt lookup, the output history and logits recycling, plus the datastore's
             drafters when ``datastore`` is given. Every keyword of ours is checked, by type
-            and range, before the prefill (``plugin_keywords``).
+            and range, before the prefill (``plugin.keywords``).
         datastore: path of a datastore built by ``retrieval-draft build`` or
             ``retrieval-draft repo`` (opened and verified once per process, re-opened
             when rebuilt), a store from ``retrieval_draft.open_datastore``, or a list

@@ -86,6 +86,15 @@ def test_the_folders_name_the_architecture():
         assert (RUNTIME / module).is_file(), module
 
 
+# The files at the top of the runtime: what every room reads (config, errors, atomic, cache_dir; docs/how-it-works.md
+# gives each one's reason), the shared value types (draft, tree) and divergence (on its way to the tools).
+TOP_FILES = {"__init__.py", "config.py", "errors.py", "atomic.py", "cache_dir.py", "draft.py", "tree.py", "divergence.py"}
+
+
+def test_the_runtime_top_holds_only_the_files_every_room_shares():
+    assert {path.name for path in RUNTIME.glob("*.py")} <= TOP_FILES
+
+
 def _module_level_mutables(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     names = []

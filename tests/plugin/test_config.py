@@ -40,7 +40,7 @@ REFUSED = [("--tree-budget", "tree_budget", -1), ("--tree-budget", "tree_budget"
 
 
 @pytest.mark.parametrize("flag, keyword, value", REFUSED)
-def test_the_cli_refuses_a_drafting_setting_with_the_plugins_message_before_the_model_loads(
+def test_the_cli_refuses_a_drafting_setting_by_the_plugins_rule_and_message_before_the_model_loads(
     flag, keyword, value, capsys, monkeypatch
 ):
     import retrieval_draft.sessions.session as session
@@ -52,7 +52,7 @@ def test_the_cli_refuses_a_drafting_setting_with_the_plugins_message_before_the_
         plugin_keywords(1, **{keyword: value})
     capsys.readouterr()
     assert main(["generate", "--prompt", "hi", flag, str(value)]) == 2
-    assert capsys.readouterr().err == f"error: {refused.value}\n"
+    assert capsys.readouterr().err == f"error: {flag}: {refused.value}\n"
 
 
 @pytest.mark.parametrize("budget", [-1, 5000, 2.5])
