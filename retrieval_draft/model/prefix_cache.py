@@ -53,6 +53,7 @@ greedy outputs part only where the model's two best tokens are that close
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 import torch
@@ -331,10 +332,10 @@ class PrefixReuse:
         self._retired: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
-    def start(cls, cache: PrefixCache, capacity: int, signature: int, blocker: str | None, input_ids: torch.Tensor,
+    def start(cls, cache: PrefixCache, capacity: int, signature: int | None, blocker: str | None, input_ids: torch.Tensor,
               attention_mask: torch.Tensor, model_kwargs: dict) -> "PrefixReuse":
         """One call's reuse of ``cache``, resized to ``capacity`` bytes (0: off, and emptied) and emptied
-        when the weights' ``signature`` (``weights_signature``) changed; ``blocker``: why the model's
+        when the weights' ``signature`` (``weights_signature``; None with capacity 0) changed; ``blocker``: why the model's
         layout cannot start from known rows (``layout_blocker``), or None. ``input_ids`` and
         ``attention_mask``: (B, L), left-padded. Raises ``InvalidInputError`` for a caller's cache
         (in ``model_kwargs``) it cannot use."""
@@ -393,7 +394,7 @@ class PrefixReuse:
         self._origin.pop()
 
     def finish(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, outputs: list[np.ndarray],
-               live_rows) -> ReuseReport:
+               live_rows: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None) -> ReuseReport:
         """After decoding: keep every row's sequence (its real prompt tokens, then ``outputs[i]``, shape
         (m_i,)) in the cache and extend a caller's one-row, unpadded cache. ``live_rows``: a callable
         giving, per batch position, that row's rows (``TreeModel.kept_rows``), or None when the cache's

@@ -21,6 +21,11 @@ unpadded row, or rows of equal length that accepted alike), steps take the
 cheap branches of the one path: a lone root per row (or a chain) runs with the
 model's own causal mask, as plain decoding does, and a tree's mask is built on
 the device.
+
+A call may start from KV rows known from earlier calls or from a cache the caller
+passed (``prefix_cache``): the tree model owns that call's ``PrefixReuse``
+(``start_reuse``, ``finish_reuse``), asks it where the known rows go, and runs
+the seeded prefill on its own cache (``_seeded_prefill``).
 """
 
 from __future__ import annotations
