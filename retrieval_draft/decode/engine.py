@@ -65,7 +65,7 @@ class DecodeStats:
     ``readout_s`` (the host read, verification, tree observers) and ``accept_s`` (cache keep,
     emitting: stop checks, streamers, drafters' ``accept``, learning).
 
-    Prefix reuse (``model.prefix_reuse``): ``reused_tokens`` prompt tokens started from KV rows
+    Prefix reuse (``model.prefix_cache``): ``reused_tokens`` prompt tokens started from KV rows
     of earlier calls (or of a cache the caller passed), ``prefilled_tokens`` run by the prefill,
     both summed over rows; ``reuse_note`` says why rows were not reused or kept (reuse off, a
     cache layout), else None; ``prefix_cache_bytes`` is what the model's cache holds after the call."""

@@ -30,7 +30,7 @@ def open_checked_store(datastore: str | Path | Datastore | ShardedDatastore, *, 
     raises TokenIdOutOfRangeError. With ``tokenizer``, its fingerprint must
     equal the store's (TokenizerMismatchError otherwise).
     """
-    from retrieval_draft.memory import PROCESS_MEMORY
+    from retrieval_draft.sessions.memory import PROCESS_MEMORY
 
     memory = memory if memory is not None else PROCESS_MEMORY
     store = datastore if isinstance(datastore, OpenStore) else memory.stores.open(datastore)

@@ -156,7 +156,7 @@ class KVPool:
     @classmethod
     def seeded(cls, layers: list[GrowingLayer], keys: torch.Tensor, values: torch.Tensor, length: int) -> "KVPool":
         """A pool over ``keys`` (layers, B, H_kv, capacity, d_k) and ``values`` (layers, B, H_kv,
-        capacity, d_v) whose first ``length`` positions already hold rows (``prefix_reuse``):
+        capacity, d_v) whose first ``length`` positions already hold rows (``seeded_cache``):
         ``layers`` (initialised ``GrowingLayer``s, one per entry) read and write them in place."""
         pool = cls.__new__(cls)
         pool.layers, pool.rows, pool.keys, pool.values = layers, keys.shape[1], keys, values
@@ -242,6 +242,30 @@ def growing_cache(reserve: int | None = None) -> DynamicCache:
     cache = DynamicCache()
     cache.layer_class_to_replicate = partial(GrowingLayer, reserve)
     return cache
+
+
+def seeded_cache(seeds: list, first: int, capacity: int, rows: int) -> tuple[DynamicCache, KVPool]:
+    """A cache of ``GrowingLayer``s in one pool of ``capacity`` positions per row (at least
+    ``MIN_CAPACITY``), and that pool. ``seeds``: per row, None or known rows (``prefix_cache.RowSeed``:
+    ``keys`` (layers, H_kv, >= count, d_k), ``values``, ``count``), copied to slots first - count ..
+    first - 1; slots before them hold zeros (hidden, but finite)."""
+    sample = next(seed for seed in seeds if seed is not None)
+    layers, heads, _, key_dim = sample.keys.shape
+    capacity = max(capacity, MIN_CAPACITY)
+    keys = sample.keys.new_empty((layers, rows, heads, capacity, key_dim))
+    values = sample.values.new_empty((layers, rows, heads, capacity, sample.values.shape[-1]))
+    for row, seed in enumerate(seeds):
+        count = 0 if seed is None else seed.count
+        keys[:, row, :, : first - count].zero_()
+        values[:, row, :, : first - count].zero_()
+        if count:
+            keys[:, row, :, first - count : first].copy_(seed.keys[:, :, :count])
+            values[:, row, :, first - count : first].copy_(seed.values[:, :, :count])
+    cache = growing_cache()
+    cache.layers = [GrowingLayer() for _ in range(layers)]
+    for layer in cache.layers:
+        layer.lazy_initialization(keys[0, :, :, :0], values[0, :, :, :0])
+    return cache, KVPool.seeded(cache.layers, keys, values, first)
 
 
 def model_cache(config, own_layers: bool, reserve: int | None = None) -> DynamicCache:

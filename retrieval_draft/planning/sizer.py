@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval_draft.config import DEFAULTS
+from retrieval_draft.config import DEFAULTS, check_setting
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
 from retrieval_draft.planning.cost_probe import CostProbe, Probe
 
@@ -28,7 +28,8 @@ class TreeSizer:
     """The width of each step's trees, from the cost curve and what decoding's forwards cost.
 
     Args:
-        tree_budget: most draft nodes in a tree (root excluded).
+        tree_budget: most draft nodes in a tree (root excluded), checked by the config's rule
+            (``config.check_setting``: an integer in 0..4096, else ``InvalidInputError``).
         cost: forward time by tree size; None means always ``tree_budget``.
         overhead_decay: smoothing of the measured per-step drafting time.
         observed: corrections of ``cost`` (shared: the plugin keeps one per model).
@@ -40,9 +41,7 @@ class TreeSizer:
         self, tree_budget: int = DEFAULTS.tree_budget, cost: VerifyCost | None = None, overhead_decay: float = 0.9,
         observed: ObservedCost | None = None, probe: CostProbe | None = None,
     ) -> None:
-        if tree_budget < 0:
-            raise ValueError("tree_budget must be >= 0")
-        self.tree_budget = tree_budget
+        self.tree_budget = check_setting("tree_budget", tree_budget)
         self.probe = probe if probe is not None and not probe.complete else None
         self.cost = probe.curve() if probe is not None else cost
         self.overhead_decay = overhead_decay

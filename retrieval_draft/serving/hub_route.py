@@ -8,7 +8,7 @@ preparation and hands them back to HF's ``generate`` with ``retrieval_draft.gene
 decoding function, so HF prepares the inputs as usual. Three things happen on the way:
 
 - HF's ``streamer=`` goes on as HF hands it to the callable (``model.generate_kwargs`` recovers it,
-  ``plugin_keywords.one_streamer`` checks it beside ``draft_streamer=``);
+  ``plugin.keywords.one_streamer`` checks it beside ``draft_streamer=``);
 - the options the model's folder carries (``options.OPTIONS_FILE``, written by ``retrieval-draft
   serve``) are added under the caller's own keywords;
 - a call for no new tokens (``max_new_tokens=0``; a server's ``max_tokens: 0``) reads the prompt into
@@ -27,9 +27,9 @@ from transformers.generation.utils import GenerationMixin
 
 from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.errors import InvalidInputError, RetrievalDraftError
-from retrieval_draft.hf import generate as retrieval_generate
-from retrieval_draft.hf import prefill
-from retrieval_draft.plugin_keywords import one_streamer
+from retrieval_draft.plugin.hf import generate as retrieval_generate
+from retrieval_draft.plugin.hf import prefill
+from retrieval_draft.plugin.keywords import one_streamer
 from retrieval_draft.serving.options import read_options
 
 LOG = logging.getLogger(__name__)  # one line per call; ``retrieval-draft serve`` shows it (INFO)

@@ -7,7 +7,7 @@ import torch
 import retrieval_draft
 from retrieval_draft.drafters.recycling import EMPTY, RecyclingDrafter
 from retrieval_draft.errors import CorruptRecyclingTableError, InvalidInputError, TokenizerMismatchError
-from retrieval_draft.memory import PluginMemory
+from retrieval_draft.sessions.memory import PluginMemory
 from tests.conftest import TINY_VOCAB, random_prompt
 from tests.datastore_fixtures import word_tokenizer
 

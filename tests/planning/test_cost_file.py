@@ -11,7 +11,7 @@ import pytest
 import retrieval_draft.planning.cost_file as cost_file
 import retrieval_draft.planning.cost_probe as cost_probe
 from retrieval_draft.cache_dir import CACHE_ENV, cache_root
-from retrieval_draft.memory import PluginMemory
+from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft.planning.cost import VerifyCost, implausible_sizes, plausible
 from tests.conftest import make_tiny_llama
 

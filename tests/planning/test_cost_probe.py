@@ -10,7 +10,7 @@ import retrieval_draft.decode.engine as engine
 import retrieval_draft.planning.cost_probe as cost_probe
 from retrieval_draft.cache_dir import CACHE_ENV
 from retrieval_draft.draft import Draft, Proposals
-from retrieval_draft.memory import PluginMemory
+from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft.planning.cost_file import load_cost
 from retrieval_draft.planning.cost_probe import AGAIN, REF, SETTLE, SETUP, TIME, CostProbe, Probe
 from retrieval_draft.planning.planner import TreePlanner

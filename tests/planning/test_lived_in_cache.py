@@ -19,7 +19,7 @@ from retrieval_draft.cache_dir import CACHE_ENV
 from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.draft import Draft
 from retrieval_draft.drafters.oracle import OracleDrafter
-from retrieval_draft.memory import PluginMemory
+from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost, plausible
 from retrieval_draft.planning.cost_file import cost_key, cost_path, read_cost, write_cost
 from retrieval_draft.planning.planner import TreePlanner

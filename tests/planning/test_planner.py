@@ -284,7 +284,7 @@ def test_forward_times_after_a_long_prompt_correct_only_long_caches():
 
 def test_a_busy_spell_is_corrected_in_memory_but_never_kept_on_disk(tmp_path, monkeypatch):
     from retrieval_draft.cache_dir import CACHE_ENV
-    from retrieval_draft.memory import PluginMemory
+    from retrieval_draft.sessions.memory import PluginMemory
     from retrieval_draft.planning.cost import ObservedCost
     from retrieval_draft.planning.cost_file import cost_key, cost_path
     from tests.conftest import make_tiny_llama

@@ -13,7 +13,7 @@ from transformers.generation import (
 )
 
 import retrieval_draft
-import retrieval_draft.session
+import retrieval_draft.sessions.session
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.errors import InvalidInputError
@@ -202,7 +202,7 @@ def test_cli_rejects_an_out_of_range_number_in_one_line_before_loading_a_model(m
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(retrieval_draft.session, "load_session", no_loading)
+    monkeypatch.setattr(retrieval_draft.sessions.session, "load_session", no_loading)
     code = cli_main(["generate", "--prompt", "hello", flag, value])
     err = capsys.readouterr().err
     assert code == 2

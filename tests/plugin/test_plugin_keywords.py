@@ -14,7 +14,7 @@ import retrieval_draft
 import retrieval_draft.errors as errors
 from retrieval_draft.config import DraftConfig
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
-from retrieval_draft.plugin_keywords import plugin_keywords
+from retrieval_draft.plugin.keywords import plugin_keywords
 from retrieval_draft_datastore.builder import build
 from tests.conftest import make_tiny_llama, random_prompt
 from tests.datastore_fixtures import word_tokenizer

@@ -12,7 +12,7 @@ from retrieval_draft.cache_dir import CACHE_ENV
 from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.drafters.history import SEPARATOR
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
-from retrieval_draft.hf import learned_rates, output_history
+from retrieval_draft.plugin.hf import learned_rates, output_history
 from tests.conftest import make_tiny_llama, random_prompt
 
 NEW_TOKENS = 40
@@ -115,7 +115,7 @@ def test_greedy_and_sampling_rates_are_kept_apart_and_opting_out_touches_neither
 
 
 def test_a_new_process_starts_from_the_rates_an_earlier_one_saved(tmp_path):
-    from retrieval_draft.memory import PluginMemory
+    from retrieval_draft.sessions.memory import PluginMemory
 
     prompt = random_prompt(11, repeat=3)
     first = PluginMemory()  # one process

@@ -13,7 +13,7 @@ from transformers import BloomConfig, BloomForCausalLM, DynamicCache, MistralCon
 import retrieval_draft
 from retrieval_draft.config import DEFAULTS
 from retrieval_draft.errors import InvalidInputError
-from retrieval_draft.memory import PluginMemory
+from retrieval_draft.sessions.memory import PluginMemory
 from tests.conftest import make_tiny_llama, random_prompt
 from tests.decode.test_batch_greedy import tiny_gemma3
 
@@ -255,9 +255,9 @@ def test_in_bfloat16_reused_rows_part_from_plain_generate_only_at_near_ties():
 
 @pytest.mark.parametrize("make", [lambda: make_tiny_llama(seed=95), tiny_gemma3], ids=["llama", "gemma3-windows"])
 def test_new_tokens_prefilled_in_chunks_give_plain_generates_output(make, monkeypatch):
-    import retrieval_draft.model.prefix_reuse as prefix_reuse
+    import retrieval_draft.model.tree_model as tree_model
 
-    monkeypatch.setattr(prefix_reuse, "PREFILL_CHUNK", 3)  # every prefill after a reused prefix runs in chunks
+    monkeypatch.setattr(tree_model, "PREFILL_CHUNK", 3)  # every prefill after a reused prefix runs in chunks
     model = make().eval()
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = 2, 0
     memory = PluginMemory(persist=False)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import retrieval_draft
-from retrieval_draft.session import GenerationRequest
+from retrieval_draft.sessions.session import GenerationRequest
 from tests.conftest import CODE_PROMPT as CODE
 
 pytestmark = pytest.mark.real_model

@@ -7,7 +7,7 @@ import torch
 from transformers import TextStreamer
 
 import retrieval_draft
-from retrieval_draft.session import GenerationRequest
+from retrieval_draft.sessions.session import GenerationRequest
 from tests.conftest import CODE_PROMPT as CODE
 
 pytestmark = pytest.mark.real_model

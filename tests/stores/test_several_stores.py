@@ -10,7 +10,7 @@ import retrieval_draft
 from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
 from retrieval_draft.errors import DatastoreNotFoundError, InvalidInputError
-from retrieval_draft.memory import PluginMemory
+from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft_datastore.builder import build
 from retrieval_draft_datastore.repo_store import update_repo_store
@@ -145,7 +145,7 @@ def test_no_forward_runs_before_a_bad_list_is_refused(model, prompt, monkeypatch
 
 
 def test_the_cli_takes_datastore_more_than_once(monkeypatch, stores):
-    import retrieval_draft.session
+    import retrieval_draft.sessions.session
     from retrieval_draft_datastore.cli import main as cli_main
 
     seen = []
@@ -154,7 +154,7 @@ def test_the_cli_takes_datastore_more_than_once(monkeypatch, stores):
         seen.append(datastore_path)
         raise InvalidInputError("stop here")
 
-    monkeypatch.setattr(retrieval_draft.session, "load_session", capture)
+    monkeypatch.setattr(retrieval_draft.sessions.session, "load_session", capture)
     assert cli_main(["generate", "--prompt", "x", "--datastore", str(stores[0]), "--datastore", str(stores[1])]) == 2
     assert seen == [[str(stores[0]), str(stores[1])]]
 

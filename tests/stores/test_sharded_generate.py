@@ -8,7 +8,7 @@ import torch
 
 import retrieval_draft
 from retrieval_draft.decode.engine import DecodeStats
-from retrieval_draft.memory import PluginMemory
+from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.store.opening import open_datastore
 from retrieval_draft_datastore.shard_build import build_sharded

@@ -8,7 +8,7 @@ import torch
 
 import retrieval_draft
 from retrieval_draft.errors import CorruptDatastoreError, DatastoreNotFoundError, TokenizerMismatchError
-from retrieval_draft.memory import PluginMemory
+from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft.store.layout import TOKENS
 from retrieval_draft_datastore.builder import build
 from tests.conftest import make_tiny_llama

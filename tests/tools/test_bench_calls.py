@@ -67,7 +67,7 @@ def test_readme_defaults_call_equals_greedy_on_its_own_handle(tiny_llama):
 
 
 def test_the_run_records_the_cost_curve_and_corrections_each_handle_planned_with(tiny_llama):
-    from retrieval_draft.memory import PROCESS_MEMORY
+    from retrieval_draft.sessions.memory import PROCESS_MEMORY
     from retrieval_draft.planning.calibration import PROB_EDGES
     from retrieval_draft.planning.cost import VerifyCost
 

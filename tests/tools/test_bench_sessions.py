@@ -84,8 +84,8 @@ def test_the_chat_session_starts_each_turn_from_the_conversation_so_far(model, t
 
 
 def test_the_chat_workload_on_a_model_without_a_chat_template_is_refused_before_any_call(monkeypatch, capsys):
-    import retrieval_draft.session
-    from retrieval_draft.session import Session
+    import retrieval_draft.sessions.session
+    from retrieval_draft.sessions.session import Session
     from tests.conftest import make_tiny_llama
     from tests.datastore_fixtures import word_tokenizer
     from tools.bench.sessions import main
@@ -93,7 +93,7 @@ def test_the_chat_workload_on_a_model_without_a_chat_template_is_refused_before_
     model = make_tiny_llama(seed=3)
     calls = []
     monkeypatch.setattr(model, "generate", lambda *a, **k: calls.append(a))
-    monkeypatch.setattr(retrieval_draft.session, "load_session",
+    monkeypatch.setattr(retrieval_draft.sessions.session, "load_session",
                         lambda path=None: Session(model=model, tokenizer=word_tokenizer(["def", "f"])))
     with pytest.raises(SystemExit) as exit_info:
         main(["--model", "base-model", "--workloads", "editor,chat", "--rounds", "1"])

@@ -40,7 +40,7 @@ def probe() -> list[str]:
     greedy (the GPU machines have no datrie: the plugin without ``datastore=`` must not need it)."""
     code = (
         "import sys, tools.gpu_check, tools.bench.run, retrieval_draft, retrieval_draft.model.tree_model\n"
-        "import retrieval_draft.planning.cost, retrieval_draft.session\n"
+        "import retrieval_draft.planning.cost, retrieval_draft.sessions.session\n"
         "print(sorted(m for m in ('datrie', 'gguf') if m in sys.modules))\n"
         "sys.modules['datrie'] = None; sys.modules['gguf'] = None\n"
         "import torch\n"

@@ -182,7 +182,7 @@ def load_run(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple:
     reason = peers.unavailable() if "suffix" in systems else None
     if reason:
         p.error(f"SuffixDecoding is unavailable: {reason}")
-    from retrieval_draft.session import load_session
+    from retrieval_draft.sessions.session import load_session
 
     torch.set_num_threads(2)
     session = load_session(args.model)

@@ -165,7 +165,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def encode(session, prompt: BenchPrompt) -> torch.Tensor:
     """Prompt ids, shape (1, L), the same tensor for every system."""
-    from retrieval_draft.session import GenerationRequest
+    from retrieval_draft.sessions.session import GenerationRequest
 
     if prompt.turns:
         messages = [{"role": role, "content": content} for role, content in prompt.turns]
@@ -306,7 +306,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _run(args: argparse.Namespace) -> dict:
-    from retrieval_draft.session import load_session
+    from retrieval_draft.sessions.session import load_session
 
     session = load_session(args.model)
     session.model.to(device=args.device, dtype=DTYPES[args.dtype])
@@ -406,7 +406,7 @@ def plugin_defaults() -> dict:
     """Our plugin's simple keyword defaults (tree_budget, max_draft_len, ...), as this checkout has them."""
     import inspect
 
-    from retrieval_draft.hf import generate as plugin_generate
+    from retrieval_draft.plugin.hf import generate as plugin_generate
 
     simple = (bool, int, float, str)
     params = inspect.signature(plugin_generate).parameters.values()

@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
     import os
 
     from retrieval_draft.cache_dir import CACHE_ENV
-    from retrieval_draft.session import load_session
+    from retrieval_draft.sessions.session import load_session
     from tools.bench.run import code_version
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

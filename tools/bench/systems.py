@@ -46,8 +46,8 @@ from retrieval_draft.draft import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.registry import DraftSources, make_drafters
-from retrieval_draft.hf import output_history
-from retrieval_draft.memory import PROCESS_MEMORY
+from retrieval_draft.plugin.hf import output_history
+from retrieval_draft.sessions.memory import PROCESS_MEMORY
 from retrieval_draft.planning.timing import synchronize
 from tools.bench import peers
 

@@ -23,7 +23,7 @@ import torch
 
 import retrieval_draft
 from retrieval_draft.errors import UnsupportedModelError
-from retrieval_draft.memory import PluginMemory
+from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft.model.attention_layout import attention_layout
 from tools.checks.model_zoo import FIRST_PROMPT_ID, ZooBuildError, set_aside_reason, tiny_model
 

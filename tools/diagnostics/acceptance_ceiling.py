@@ -102,7 +102,7 @@ def collect(workloads: list[str], prompts: int, max_new_tokens: int, model_path:
 
     import retrieval_draft
     from retrieval_draft.decode.engine import DecodeStats
-    from retrieval_draft.session import load_session
+    from retrieval_draft.sessions.session import load_session
     from tools.bench.run import encode
     from tools.bench.workloads import build_workloads
 

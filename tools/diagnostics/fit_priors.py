@@ -80,7 +80,7 @@ def greedy_references(max_new_tokens: int) -> dict:
     """{id: {"prompt": ids, "out": ids}} from HF greedy decoding of the default model."""
     import torch
 
-    from retrieval_draft.session import GenerationRequest, load_session
+    from retrieval_draft.sessions.session import GenerationRequest, load_session
 
     session = load_session()
     refs = {}

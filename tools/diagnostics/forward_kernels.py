@@ -31,7 +31,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from retrieval_draft.atomic import atomic_write_bytes
-from retrieval_draft.memory import PluginMemory
+from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft.model.tree_model import TreeModel
 from retrieval_draft.planning.cost_probe import time_chain
 from retrieval_draft.planning.timing import synchronize

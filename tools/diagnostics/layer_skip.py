@@ -42,7 +42,7 @@ import torch
 from transformers import DynamicCache
 
 from retrieval_draft.atomic import atomic_write_bytes
-from retrieval_draft.memory import PluginMemory
+from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft.model.attention_layout import attention_layout
 from tools.bench.run import encode
 from tools.bench.workloads import build_workloads
@@ -196,7 +196,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     import sys
 
-    from retrieval_draft.session import Session
+    from retrieval_draft.sessions.session import Session
     from retrieval_draft.model.models import load_model_and_tokenizer
 
     args = parse_args(argv)

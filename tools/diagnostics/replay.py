@@ -56,7 +56,7 @@ STEP_OVERHEAD_S = 0.0012  # drafting and bookkeeping per step, measured by the b
 
 
 class ReplayModel:
-    """Stands in for ``TreeModel`` (a ``decode.scorer.TreeScorer``) when the greedy output is known: no forward passes.
+    """Stands in for ``TreeModel`` (a ``decode.engine.TreeScorer``) when the greedy output is known: no forward passes.
 
     It serves a batch of one row. Row i of a tree's logits puts its maximum on the reference token
     that follows node i when the path through node i is the reference so

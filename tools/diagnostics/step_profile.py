@@ -36,7 +36,7 @@ import torch
 import retrieval_draft
 from retrieval_draft.atomic import atomic_write_bytes
 from retrieval_draft.decode.engine import DecodeStats
-from retrieval_draft.memory import PluginMemory
+from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft.planning.timing import synchronize
 
 PHASES = ("draft", "plan", "pack", "forward", "readout", "accept")
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                 table.update(profile(model, f"{name} B={rows} datastore", batches, args.max_new_tokens, replay=False,
                                      datastore=args.datastore))
     if "smollm2" in models:
-        from retrieval_draft.session import load_session
+        from retrieval_draft.sessions.session import load_session
 
         torch.set_num_threads(2)
         session = load_session()

@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from retrieval_draft.drafters.history import HistoryDrafter
     from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
-    from retrieval_draft.hf import generate as plugin_generate
-    from retrieval_draft.session import GenerationRequest, load_session
+    from retrieval_draft.plugin.hf import generate as plugin_generate
+    from retrieval_draft.sessions.session import GenerationRequest, load_session
     from tools.bench.workloads import humaneval_subset
 
     session = load_session()

@@ -25,14 +25,14 @@ from retrieval_draft.draft import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
-from retrieval_draft.hf_options import ScoreRecorder, build_output, check_options, padded_sequences, score_recorder
-from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
+from retrieval_draft.plugin.hf_options import ScoreRecorder, build_output, check_options, padded_sequences, score_recorder
+from retrieval_draft.sessions.memory import PROCESS_MEMORY, PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
-from retrieval_draft.plugin_keywords import plugin_keywords
-from retrieval_draft.reuse import finish_reuse, read_ahead, start_reuse
+from retrieval_draft.plugin.keywords import plugin_keywords
 from retrieval_draft.model.generate_kwargs import eos_token_ids, pad_token_id, receives_generate_kwargs
 from retrieval_draft.model.row_processors import row_processors
 from retrieval_draft.model.attention_layout import CHAIN
+from retrieval_draft.model.prefix_cache import PrefixCache, ReuseReport
 from retrieval_draft.model.tree_model import TreeModel, context_limit, validate_inputs
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def generate(
             string, as the command line's ``--drafters``) or drafter instances; default
             prompt lookup, the output history and logits recycling, plus the datastore's
             drafters when ``datastore`` is given. Every keyword of ours is checked, by type
-            and range, before the prefill (``plugin_keywords``).
+            and range, before the prefill (``plugin.keywords``).
         datastore: path of a datastore built by ``retrieval-draft build`` or
             ``retrieval-draft repo`` (opened and verified once per process, re-opened
             when rebuilt), a store from ``retrieval_draft.open_datastore``, or a list
@@ -107,7 +107,7 @@ def generate(
         draft_seed: seed for sampling; the same seed gives the same output.
         prefix_cache_bytes: most bytes of KV rows kept per model, so that a later call whose
             prompt begins with an earlier call's prompt and output prefills only the rest
-            (``retrieval_draft.reuse``); 0 turns that off. A cache the caller prefilled and passed
+            (``retrieval_draft.model.prefix_cache``); 0 turns that off. A cache the caller prefilled and passed
             as ``past_key_values`` (HF's idiom) is started from too.
 
     A batch (several rows, or a padded attention mask; left padding) takes the same
@@ -149,16 +149,16 @@ def generate(
     streamers = ours.streamers
     # One generation at a time per model: a tree forward switches the model's attention
     # function and linear layers for its duration, which another thread must not see.
+    prefixes = memory.model(model).prefixes
     with memory.model(model).lock:
         tree_model = TreeModel(model)
-        tree_model.reserve = options.max_new_tokens + config.tree_budget + 1  # new tokens and one tree
-        tree_model.reuse = start_reuse(model, tree_model, memory, config.prefix_cache_bytes, input_ids, attention_mask,
-                                       model_kwargs)
+        tree_model.start_reuse(prefixes, config.prefix_cache_bytes, input_ids, attention_mask, model_kwargs)
         if ours.planner is None:  # one row verified as trees can measure the cost curve while it decodes
             can_probe = rows == 1 and tree_model.layout.mode != CHAIN
             planner = make_planner(model, config, options.do_sample, memory, can_probe)
         else:
             planner = ours.planner
+        tree_model.reserve = options.max_new_tokens + planner.tree_budget + 1  # new tokens and one tree (the planner's)
         for row, row_streamer in enumerate(streamers):
             if row_streamer is not None and not ours.prompt_streamed:
                 row_streamer.put(input_ids[row : row + 1, attention_mask[row].bool()].cpu())
@@ -169,7 +169,7 @@ def generate(
             should_stop=_extra_stop_check(stopping_criteria),
             sinks=[_sinks(row_streamer, recorder) for row_streamer, recorder in zip(streamers, recorders)],
         )
-        finish_reuse(tree_model.reuse, tree_model, input_ids, attention_mask, outputs, stats)
+        _report_reuse(stats, tree_model.finish_reuse(input_ids, attention_mask, outputs), prefixes)
         for row_streamer in streamers:
             if row_streamer is not None:
                 row_streamer.end()
@@ -207,7 +207,26 @@ def prefill(
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     validate_inputs(input_ids, attention_mask, model.config.vocab_size, context_limit(model))
-    return read_ahead(model, input_ids, attention_mask, ours.memory, ours.config.prefix_cache_bytes)
+    prefixes = ours.memory.model(model).prefixes
+    with ours.memory.model(model).lock:
+        tree_model = TreeModel(model)
+        tree_model.reserve = 1
+        tree_model.start_reuse(prefixes, ours.config.prefix_cache_bytes, input_ids, attention_mask, {})
+        logits = tree_model.prefill(input_ids, attention_mask)
+        # the prefix cache keeps a sequence's first n - 1 tokens (the last emitted one has no rows yet):
+        # the first token each row would emit closes the sequence, so the whole prompt is kept
+        firsts = [np.array([token], dtype=np.int64) for token in logits.argmax(dim=-1).tolist()]
+        stats = DecodeStats(rows=input_ids.shape[0])
+        _report_reuse(stats, tree_model.finish_reuse(input_ids, attention_mask, firsts), prefixes)
+    return stats
+
+
+def _report_reuse(stats: DecodeStats, report: ReuseReport, prefixes: PrefixCache) -> None:
+    """Write what the prefill reused (``report``) and what the model's prefix cache holds into ``stats``."""
+    stats.reused_tokens = report.reused
+    stats.prefilled_tokens = report.prefilled
+    stats.reuse_note = report.note
+    stats.prefix_cache_bytes = prefixes.nbytes
 
 
 def _sinks(streamer, recorder: ScoreRecorder | None) -> RowSinks:

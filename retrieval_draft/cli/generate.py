@@ -14,15 +14,17 @@ import sys
 import time
 from pathlib import Path
 
-from retrieval_draft.config import DEFAULTS
+from retrieval_draft.config import DEFAULTS, check_setting
 from retrieval_draft.drafters.registry import DRAFTERS, STORE_DRAFTERS, known_names
 from retrieval_draft.errors import InvalidInputError, RetrievalDraftError
 
-# generate's numeric flags: (flag, argparse attribute, valid?, the rule in words); unset (None) is fine.
+# generate's flags that set a drafting setting: (flag, argparse attribute, the setting), which
+# ``config.check_setting`` checks by the rule and with the message the plugin's keyword gets.
+_SETTING_FLAGS = (("--tree-budget", "tree_budget", "tree_budget"), ("--max-draft-len", "max_draft_len", "max_draft_len"),
+                  ("--seed", "seed", "draft_seed"))
+# generate's other numeric flags: (flag, argparse attribute, valid?, the rule in words); unset (None) is fine.
 _NUMBER_RULES = (
     ("--max-new-tokens", "max_new_tokens", lambda v: v >= 1, "at least 1"),
-    ("--tree-budget", "tree_budget", lambda v: v >= 0, "at least 0"),
-    ("--max-draft-len", "max_draft_len", lambda v: v >= 1, "at least 1"),
     ("--temperature", "temperature", lambda v: 0 < v < math.inf, "a finite number above 0"),
     ("--top-k", "top_k", lambda v: v >= 1, "at least 1"),
     ("--top-p", "top_p", lambda v: 0 < v <= 1, "above 0 and at most 1"),
@@ -97,9 +99,9 @@ def run_generate(args: argparse.Namespace) -> int:
     from retrieval_draft.model.models import model_location
 
     model_location(args.model)  # a missing model is refused before torch and transformers load (~7 s)
-    from retrieval_draft.compare import compare_with_plain
+    from retrieval_draft.cli.compare import compare_with_plain
     from retrieval_draft.drafters.history import HistoryDrafter
-    from retrieval_draft.session import GenerationRequest, load_session
+    from retrieval_draft.sessions.session import GenerationRequest, load_session
 
     sampling = {k: v for k, v in (("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p)) if v is not None}
     drafters = args.drafters
@@ -155,11 +157,18 @@ def _prompt(args: argparse.Namespace) -> str:
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
-    """Raise InvalidInputError for the first out-of-range number, before anything is loaded."""
+    """Raise InvalidInputError for the first out-of-range number, before anything is loaded: a drafting
+    setting by the config's check, its message after the flag ("--tree-budget: tree_budget must be an
+    integer in 0..4096, got -1"), the others by ``_NUMBER_RULES``."""
     for flag, name, valid, rule in _NUMBER_RULES:
         value = getattr(args, name)
         if value is not None and not valid(value):
             raise InvalidInputError(f"{flag} must be {rule}, got {value}")
+    for flag, name, setting in _SETTING_FLAGS:
+        try:
+            check_setting(setting, getattr(args, name))
+        except InvalidInputError as error:
+            raise InvalidInputError(f"{flag}: {error}") from None
 
 
 def _check_drafters(args: argparse.Namespace) -> None:

@@ -17,7 +17,7 @@ from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.draft import Drafter
 from retrieval_draft.drafters.registry import DRAFTERS, known_names
 from retrieval_draft.errors import InvalidInputError, counted
-from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
+from retrieval_draft.sessions.memory import PROCESS_MEMORY, PluginMemory
 from retrieval_draft.planning.planner import TreePlanner
 
 

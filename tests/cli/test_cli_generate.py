@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from retrieval_draft.session import Session
+from retrieval_draft.sessions.session import Session
 from tests.datastore_fixtures import stdlib_corpus
 from tests.doc_preamble import tiny_model_folder
 

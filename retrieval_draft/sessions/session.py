@@ -19,8 +19,8 @@ from retrieval_draft.draft import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
 from retrieval_draft.errors import InvalidInputError
-from retrieval_draft.hf import generate as plugin_generate
-from retrieval_draft.memory import PROCESS_MEMORY, PluginMemory
+from retrieval_draft.plugin.hf import generate as plugin_generate
+from retrieval_draft.sessions.memory import PROCESS_MEMORY, PluginMemory
 from retrieval_draft.store.reader import Datastore
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from retrieval_draft.decode.engine import DecodeStats
-from retrieval_draft.session import GenerationRequest, Session
+from retrieval_draft.sessions.session import GenerationRequest, Session
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def main(argv: list[str], capsys) -> tuple[int, str]:
 @pytest.fixture()
 def no_model(monkeypatch):
     """Fail the test if ``generate`` gets as far as loading its model."""
-    import retrieval_draft.session as session
+    import retrieval_draft.sessions.session as session
 
     monkeypatch.setattr(session, "load_session", lambda *a, **k: pytest.fail("the model was loaded"))
 

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from retrieval_draft.cli import run
+from retrieval_draft.cli.generate import run
 from tests.datastore_fixtures import word_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +36,7 @@ def test_any_command_interrupted_ends_with_one_line_and_exit_code_130(capsys):
 
 
 def test_generate_interrupted_ends_with_one_line_and_saves_no_history(tmp_path, capsys, monkeypatch):
-    import retrieval_draft.session as session
+    import retrieval_draft.sessions.session as session
 
     monkeypatch.setattr(session, "load_session", interrupt)
     history = tmp_path / "history.npz"

@@ -11,7 +11,7 @@ from retrieval_draft.cache_dir import CACHE_ENV
 from retrieval_draft.planning.cost import VerifyCost
 from retrieval_draft.planning.cost_file import cost_key, cost_path, write_cost
 from retrieval_draft.planning.rates_file import rates_path
-from retrieval_draft.memory import PluginMemory
+from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft_datastore.cli import main
 from tests.conftest import make_tiny_llama
 
