@@ -24,7 +24,7 @@ leave the batch (``retiring``). What could not be reused, and why, is ``note``.
 Exactness: a reused row was computed by another forward (other row counts in the matmuls,
 another blocking in attention), so it may differ from a one-shot prefill's in the last bits;
 greedy outputs part only where the model's two best tokens are that close
-(``divergence.first_divergence``); ``prefix_cache_bytes=0`` gives the strict path.
+(the rule ``tools.bench.exactness.first_divergence`` checks); ``prefix_cache_bytes=0`` gives the strict path.
 """
 
 from __future__ import annotations
