@@ -4,7 +4,7 @@
 - ``systems``: the systems compared (plain HF, HF prompt lookup, the README's calls, SuffixDecoding).
 - ``workloads``, ``text_workloads``, ``repo_workloads``: the prompts.
 - ``exactness``: the reduced-precision rule; outputs that part from plain greedy judged by it.
-- ``report``: metrics, tables and chart; ``python -m tools.bench.report RESULT.json`` re-renders one.
+- ``report``: metrics, tables and chart.
 - ``cache_state``: what the user cache held when a run began (``--cache fresh``: an empty one).
 - ``fresh`` and ``first_call``: first calls in new processes.
 - ``peers``: SuffixDecoding built from its sources, drafting in our engine.
