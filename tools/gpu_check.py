@@ -7,7 +7,7 @@ Writes under ``--out``:
 
 - ``equality.json``: greedy ``generate`` through the plugin against HF's own
   greedy ``generate`` on the same device and dtype, judged by the exactness rule
-  (``retrieval_draft.divergence``: identical in float32; in bfloat16/float16 the
+  (``tools.bench.exactness``: identical in float32; in bfloat16/float16 the
   first difference, if any, at a near-tie of plain's logits), for tiny random models of
   several architectures (built from configs, as the tests build them) and the
   real model when its file is present (SmolLM2-135M by default; skipped with
@@ -82,11 +82,11 @@ def build(config, device: torch.device, dtype: torch.dtype, seed: int = 0):
 def compare(model, prompt: torch.Tensor, max_new_tokens: int, fixed_tree: int = 0) -> dict:
     """Plugin greedy vs HF greedy on ``prompt`` (shape (1, L), on the model's device); with
     ``fixed_tree`` > 0 trees of that many nodes, else the cost-aware planner (its first call per
-    model measures the cost curve). ``exact`` holds the exactness rule (``retrieval_draft.divergence``):
+    model measures the cost curve). ``exact`` holds the exactness rule (``tools.bench.exactness``):
     identical, or in reduced precision parted first at a near-tie of plain's own logits."""
     tree = {"adaptive_tree": False, "tree_budget": fixed_tree} if fixed_tree > 0 else {}
     import retrieval_draft
-    from retrieval_draft.divergence import first_divergence
+    from tools.bench.exactness import first_divergence
 
     plain = model.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=[],
                            output_logits=True, return_dict_in_generate=True)

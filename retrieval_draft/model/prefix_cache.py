@@ -47,7 +47,7 @@ count that does not fit the prompt.
 Exactness: a reused row was computed by another forward (other row counts in the matmuls,
 another blocking in attention), so it may differ from a one-shot prefill's in the last bits;
 greedy outputs part only where the model's two best tokens are that close
-(``divergence.first_divergence``); ``prefix_cache_bytes=0`` gives the strict path.
+(``tools.bench.exactness.first_divergence``); ``prefix_cache_bytes=0`` gives the strict path.
 """
 
 from __future__ import annotations

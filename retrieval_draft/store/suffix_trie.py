@@ -1,6 +1,6 @@
 """The suffix index's router: a datrie from encoded n-grams to suffix-array ranges.
 
-Design (measured; see tools/checks/datastore_numbers.py):
+Design (measured; see docs/datastores.md, and the check that measured it: `git show 8f31bf5:tools/checks/datastore_numbers.py`):
 
 * The token stream (Arrow uint16/uint32, 2 or 4 B/token) and a suffix array
   (packed positions, 27 bits/token at 104M tokens) sorted to ``sort_depth`` tokens hold every

@@ -87,8 +87,8 @@ def test_the_folders_name_the_architecture():
 
 
 # The files at the top of the runtime: what every room reads (config, errors, atomic, cache_dir; docs/how-it-works.md
-# gives each one's reason), the shared value types (draft, tree) and divergence (on its way to the tools).
-TOP_FILES = {"__init__.py", "config.py", "errors.py", "atomic.py", "cache_dir.py", "draft.py", "tree.py", "divergence.py"}
+# gives each one's reason) and the shared value types (draft, tree).
+TOP_FILES = {"__init__.py", "config.py", "errors.py", "atomic.py", "cache_dir.py", "draft.py", "tree.py"}
 
 
 def test_the_runtime_top_holds_only_the_files_every_room_shares():

@@ -2,15 +2,15 @@
 ``generate`` (tokens, and logits within ``zoo_check.LOGIT_TOLERANCE``) with drafts accepted, or the
 plugin refuses the model with a stated reason (issue 23).
 
-Architectures come from transformers' auto mapping (``tools/checks/model_zoo.py``), not from a list here;
-each is checked on a tiny random model with its window switched on (``tools/checks/zoo_check.py``).
+Architectures come from transformers' auto mapping (``tests/model/zoo_models.py``), not from a list here;
+each is checked on a tiny random model with its window switched on (``tests/model/zoo_check.py``).
 About a minute on one thread (2-core CPU): deselect with ``-m "not model_zoo"``.
 """
 
 import pytest
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from tools.checks.model_zoo import (
+from tests.model.zoo_models import (
     CONFIG_FIXES,
     LEFTOVERS,
     causal_lm_architectures,
@@ -18,7 +18,7 @@ from tools.checks.model_zoo import (
     set_aside_reason,
     tiny_model,
 )
-from tools.checks.zoo_check import IDENTICAL, NOT_BUILT, PLAIN_FAILED, REFUSED, check, one_numba_thread
+from tests.model.zoo_check import IDENTICAL, NOT_BUILT, PLAIN_FAILED, REFUSED, check, one_numba_thread
 
 pytestmark = pytest.mark.model_zoo
 

@@ -238,7 +238,7 @@ def test_threads_sharing_one_model_and_its_cache_all_get_plain_outputs():
 
 
 def test_in_bfloat16_reused_rows_part_from_plain_generate_only_at_near_ties():
-    from retrieval_draft.divergence import first_divergence
+    from tools.bench.exactness import first_divergence
 
     model = make_tiny_llama(seed=92).to(torch.bfloat16)
     memory = PluginMemory(persist=False)

@@ -63,10 +63,10 @@ def test_the_kept_float32_copy_of_the_gguf_file_is_the_same_model_and_tokenizer(
 
 
 def test_bfloat16_parts_from_greedy_only_at_near_ties(session):
-    """The reduced-precision rule (``retrieval_draft.divergence``): a k-token forward rounds
+    """The reduced-precision rule (``tools.bench.exactness``): a k-token forward rounds
     differently from k one-token forwards, so bf16 may part from plain greedy, but only where
     plain's own logits for the two tokens are tied within bf16's rounding."""
-    from retrieval_draft.divergence import first_divergence
+    from tools.bench.exactness import first_divergence
 
     model = copy.deepcopy(session.model).to(torch.bfloat16)
     accepted = []

@@ -137,14 +137,3 @@ def test_counts_beyond_16_bits_are_scaled_within_a_few_1e_5_of_every_probability
         stored = narrow / (narrow_total[:, None].astype(np.float64) + pseudo)
         assert np.abs(exact - stored).max() <= (pseudo + 0.5) / 65_536
     assert narrow[3, 3] == 0 and np.all(np.diff(narrow.astype(np.int64), axis=1) <= 0)
-
-
-def test_the_store_comparison_tool_finds_the_formats_draft_alike_and_v3_smaller(stores):
-    from tools.checks.datastore_numbers import compare_stores
-
-    paths, _ = stores
-    rows = compare_stores([paths[2], paths[3]])
-    assert [row["format_version"] for row in rows] == [2, 3]
-    assert all(row["drafts_identical_to_first"] for row in rows)
-    assert rows[1]["bytes_per_token_total"] < rows[0]["bytes_per_token_total"]
-    assert all(row["ngram"]["nonempty"] > 0 for row in rows)

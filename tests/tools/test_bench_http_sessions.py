@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from tools.bench.http_sessions import chat_session, editor_session, main, markdown, summarize
-from tools.bench.session_workloads import CHAT_TURNS, editor_requests
+from tools.bench.session_workloads import CHAT_TURNS, EDIT, editor_requests
 
 
 class StandInClient:
@@ -39,6 +39,17 @@ def requests():
     from retrieval_draft.model.models import load_tokenizer
 
     return editor_requests(load_tokenizer(), count=3, tokens=(300, 1500), edit_after=1)
+
+
+def test_editor_requests_grow_down_the_file_and_carry_the_edit_after_it():
+    from retrieval_draft.model.models import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    requests = editor_requests(tokenizer, count=4, tokens=(300, 1500), edit_after=2)
+    sizes = [len(r.ids) for r in requests]
+    assert sizes == sorted(sizes) and 300 <= sizes[0] and sizes[-1] <= 1500
+    assert [r.edited for r in requests] == [False, False, True, True]
+    assert EDIT[1] in tokenizer.decode(requests[2].ids) and EDIT[1] not in tokenizer.decode(requests[1].ids)
 
 
 def test_the_warm_text_is_the_request_text_less_the_cursors_line(requests):

@@ -16,7 +16,7 @@ Definitions (the same for every system):
   decode time (our statistics), identical rate = share of runs whose output tensor equals
   HF greedy's (in bfloat16 / float16 also the share exact by the near-tie rule,
   ``exactness``, where the two differ);
-- fresh process (``bench_fresh``): per workload, one prompt as the first
+- fresh process (``tools.bench.fresh``): per workload, one prompt as the first
   ``generate`` call of a new process, ours (the README line) and plain HF
   greedy each in their own; first-call ratio = plain call wall / ours call
   wall, overall the geometric mean of the workloads' ratios.
@@ -359,31 +359,3 @@ def plot(result: dict, path: str) -> None:
         fig.savefig(tmp, dpi=110, format="png", bbox_inches="tight")
     plt.close(fig)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Re-render a saved JSON result: ``python -m tools.bench.report RESULT.json [--markdown P] [--png P]
-    [--json P]`` (``--json``: write the result back with its summary derived again)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("result", help="JSON written by python -m tools.bench --json")
-    parser.add_argument("--markdown", help="write the markdown report here (default: print it)")
-    parser.add_argument("--png", help="write the chart here")
-    parser.add_argument("--json", help="write the result, summary derived again, here")
-    args = parser.parse_args(argv)
-    result = json.loads(Path(args.result).read_text(encoding="utf-8"))
-    derive(result)  # a result saved by an older report gains the newer summary columns
-    report = markdown(result)
-    if args.markdown:
-        atomic_write_bytes(Path(args.markdown), report.encode("utf-8"))
-    else:
-        print(report)
-    if args.png:
-        plot(result, args.png)
-    if args.json:
-        atomic_write_bytes(Path(args.json), (json.dumps(result, indent=1) + "\n").encode("utf-8"))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

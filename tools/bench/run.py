@@ -7,13 +7,13 @@
                           [--cache user|fresh]
 
 What is measured: the wall time of single ``model.generate`` calls, called as
-users call them. Our README systems (``bench_systems``) pass exactly the
+users call them. Our README systems (``tools.bench.systems``) pass exactly the
 README's lines with default options: ``defaults`` passes no ``drafters=``
 (the plugin's prompt lookup + output history), ``datastore`` passes
 ``datastore=PATH`` (the ``--datastore`` string) and ``draft_tokenizer=``; on the
 repository-completion workloads (``--workloads repo``: ``repo_raw``, ``repo_chat``)
 it passes ``datastore=[REPO_STORE, PATH]``, the prompt package's store without the
-held-out file (``bench_repo_workloads``; built before timing, opened inside it).
+held-out file (``tools.bench.repo_workloads``; built before timing, opened inside it).
 One-off costs of ours (measuring or loading the cost curve, opening the
 store) fall inside the timed calls that meet them first; the report states what the user cache
 held for the model when the run began (``--cache fresh``: a folder of its own with no planning
@@ -33,7 +33,7 @@ a process serving them in order, never the same prompt's output.
 
 ``--fresh-process`` (on in full runs, off with --quick) adds, per workload,
 one prompt as the first call of a new Python process, ours and plain HF each
-in their own (``bench_fresh``, ``first_call``): import and load times apart,
+in their own (``tools.bench.fresh``, ``first_call``): import and load times apart,
 then the call's wall time; the first-call ratio is plain / ours.
 
 ``--device cuda`` (with ``--dtype``) times the same calls on a GPU, the model moved there
@@ -42,9 +42,8 @@ writes the prompts this checkout builds and stops; ``--prompts-from FILE`` times
 instead of building them, so a lent GPU machine (other packages, no HumanEval) runs
 the prompts the CPU tables ran.
 
-The markdown report goes to stdout, progress to stderr. See ``bench_report``
-for the metric definitions; ``python -m tools.bench.report RESULT.json``
-re-renders a saved run.
+The markdown report goes to stdout, progress to stderr. See ``tools.bench.report``
+for the metric definitions.
 
 Time on an idle 2-core CPU (SmolLM2-135M): --quick ~2 minutes, full (8
 prompts x 4 workloads, 128 tokens, 2 repeats, 5 systems without a datastore
@@ -102,7 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--datastore-b", default=None,
                    help="a second datastore directory for the datastore_b system (compare two stores side by side)")
     p.add_argument("--history", type=Path, default=None,
-                   help="saved output history (python -m tools.diagnostics.warm_history) for the history diagnostic")
+                   help="saved output history (retrieval-draft generate --history FILE saves one) for the history diagnostic")
     p.add_argument("--max-new-tokens", type=int)
     p.add_argument("--repeats", type=int)
     p.add_argument("--prefill-tries", type=int,
@@ -297,7 +296,7 @@ def select_systems(args, has_datastore: bool) -> tuple[list[str], dict]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    """Load, warm up HF, time every prompt, then the fresh processes; return the result dict (``bench_report``)."""
+    """Load, warm up HF, time every prompt, then the fresh processes; return the result dict (``tools.bench.report``)."""
     torch.set_num_threads(args.threads)
     if args.cache == "fresh":
         with fresh_cache():
@@ -348,7 +347,7 @@ def _run(args: argparse.Namespace) -> dict:
 
 
 def fresh_process(args: argparse.Namespace, prompts: list[BenchPrompt], encoded: list[torch.Tensor]) -> dict:
-    """The ``--fresh-process`` measurement (``bench_fresh``), or its status when off."""
+    """The ``--fresh-process`` measurement (``tools.bench.fresh``), or its status when off."""
     call = readme_call(args.datastore)
     if not args.fresh_process:
         return {"status": "off (--fresh-process to measure)", "call": call, "rows": []}

@@ -6,15 +6,12 @@
   template). ``EDITOR_REQUESTS`` cursors are spread over the docstring ends whose prompt is
   ``min_tokens``..``max_tokens`` tokens long; after ``edit_after`` requests the user edits an
   import line near the top (``EDIT``), and every later prompt carries the edit.
-- ``editor_window``: the same requests as a client that caps the prompt at its last ``window``
-  tokens (many do): the start moves with every request, so no earlier prefix recurs.
 - ``chat``: ``CHAT_TURNS`` user turns; the client resends the whole conversation each turn
   (the model's own earlier replies included, decoded and passed back through the chat
   template), the later turns asking to rework earlier answers.
 
 The editor's prompts are fixed (the user types the file, not the completions); a chat turn's
-prompt depends on the replies before it, so ``chat_ids`` is called by each client with its own
-history.
+prompt depends on the replies before it, so each client sends its own history.
 """
 
 from __future__ import annotations
@@ -30,7 +27,6 @@ EDITOR_NEW_TOKENS = 48
 EDITOR_TOKENS = (600, 3700)  # prompt lengths of the requests, in tokens (SmolLM2's tokenizer: ~850-3,700)
 EDIT_AFTER = 4  # requests before the import edit
 EDIT = ("from fire import formatting\n", "from fire import formatting, trace\n")  # an import line near the top
-WINDOW_TOKENS = 1536  # the windowed client's cap
 
 CHAT_NEW_TOKENS = 96
 CHAT_TURNS = (
@@ -96,15 +92,3 @@ def editor_requests(tokenizer, count: int = EDITOR_REQUESTS, tokens: tuple[int, 
         requests.append(EditorRequest(f"{name}:{end}", tuple(tokenizer.encode(above)), edited, above, warm))
     return requests
 
-
-def windowed(requests: list[EditorRequest], window: int = WINDOW_TOKENS) -> list[EditorRequest]:
-    """The same requests from a client that sends only the last ``window`` tokens."""
-    return [EditorRequest(r.request_id, r.ids[-window:], r.edited) for r in requests]
-
-
-def chat_ids(tokenizer, history: list[tuple[str, str]], user: str) -> list[int]:
-    """The ids a chat client sends for the next turn: the conversation so far (``history``:
-    (role, content) pairs, the assistant's replies as text) and the new user message."""
-    messages = [{"role": role, "content": content} for role, content in history]
-    messages.append({"role": "user", "content": user})
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))

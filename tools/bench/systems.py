@@ -70,7 +70,7 @@ class RunSetup:
             repo workloads ``[repo store, that path]`` (``readme_datastore``), or None.
         tokenizer: the tokenizer (``draft_tokenizer=`` of the datastore line).
         plugin_kwargs: options set on the command line (tree_budget=, max_draft_len=); empty by default.
-        history: a saved output history (``python -m tools.diagnostics.warm_history``), or None. Every
+        history: a saved output history (``retrieval-draft generate --history FILE`` saves one), or None. Every
             run loads its own copy, so what one run generates never reaches another.
         datastore_b: a second datastore path (``--datastore-b``) for comparing two stores
             of the same corpus side by side (e.g. two format versions), or None; for repo

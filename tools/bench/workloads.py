@@ -71,8 +71,6 @@ CHAT_PROMPTS = (
     "Compare the pros and cons of electric cars and petrol cars.",
 )
 
-HUMANEVAL_TASKS = 164
-
 
 @dataclass(frozen=True)
 class BenchPrompt:

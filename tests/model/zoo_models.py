@@ -21,7 +21,7 @@ causal LM, read from facts about the config class and the model class:
 
 ``tiny_model(model_type)`` builds a randomly initialised model of the
 architecture from its config class with every size field shrunk (the field
-names vary: ``n_embd``, ``d_model``, ``n_layer``, ...; see ``tools/checks/zoo_sizes.py``),
+names vary: ``n_embd``, ``d_model``, ``n_layer``, ...; see ``tests/model/zoo_sizes.py``),
 its sliding window or attention chunk made small and switched on, and returns
 it with a word on the kind of window found. ``CONFIG_FIXES`` lists, with
 reasons, the few architectures whose default config cannot give a faithful
@@ -38,7 +38,7 @@ import transformers
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from tools.checks.zoo_sizes import declared_default, tiny_kwargs
+from tests.model.zoo_sizes import declared_default, tiny_kwargs
 
 # Special token ids of every tiny model; random prompts draw ids from [FIRST_PROMPT_ID, vocab).
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2

@@ -1,7 +1,7 @@
 """One architecture's coverage check: plain greedy ``generate`` against the plugin on a tiny model.
 
 The prompt is a random 12-token block repeated 4 times (48 tokens, past the
-8-token window ``model_zoo.tiny_model`` sets), so prompt lookup drafts the
+8-token window ``zoo_models.tiny_model`` sets), so prompt lookup drafts the
 continuation and sliding or chunked layers see the window cut. Whether a
 random model's greedy output follows the block is chance (one block in the
 first run of issue 23 left 11 models accepting nothing), so up to
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numba
 import torch
@@ -25,7 +25,7 @@ import retrieval_draft
 from retrieval_draft.errors import UnsupportedModelError
 from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft.model.attention_layout import attention_layout
-from tools.checks.model_zoo import FIRST_PROMPT_ID, ZooBuildError, set_aside_reason, tiny_model
+from tests.model.zoo_models import FIRST_PROMPT_ID, ZooBuildError, set_aside_reason, tiny_model
 
 BLOCK, REPEATS, NEW_TOKENS, TREE_BUDGET = 12, 4, 24, 12
 WINDOW = 8
@@ -68,10 +68,6 @@ class Outcome:
     logit_gap: float = 0.0
     prompts: int = 0
     seconds: float = 0.0
-
-    def as_dict(self) -> dict:
-        """Plain values for JSON."""
-        return asdict(self)
 
 
 @contextmanager
@@ -160,16 +156,16 @@ def run_prompt(model, prompt: torch.Tensor) -> tuple[str, str, float, float]:
     return (IDENTICAL if per_step > 1.0 else NO_ACCEPTS), "", per_step, gap
 
 
-def run_model(model, outcome: Outcome, seeds=PROMPT_SEEDS, every: bool = False) -> Outcome:
-    """``run_prompt`` on the blocks of ``seeds`` in turn; fills and returns ``outcome``.
+def run_model(model, outcome: Outcome) -> Outcome:
+    """``run_prompt`` on the blocks of ``PROMPT_SEEDS`` in turn; fills and returns ``outcome``.
 
     Stops at the first prompt that differs (tokens or logits), crashes or is
-    refused, and (unless ``every``) at the first with drafts accepted. The
+    refused, and at the first with drafts accepted. The
     result is ``IDENTICAL`` when every prompt run was identical and one had
     drafts accepted; its tokens per step are those of the first such prompt.
     """
     vocab = model.config.get_text_config().vocab_size
-    for seed in seeds:
+    for seed in PROMPT_SEEDS:
         outcome.prompts += 1
         result, detail, per_step, gap = run_prompt(model, repeated_prompt(vocab, seed))
         outcome.logit_gap = max(outcome.logit_gap, gap)
@@ -179,14 +175,14 @@ def run_model(model, outcome: Outcome, seeds=PROMPT_SEEDS, every: bool = False) 
             break
         if outcome.result != IDENTICAL:
             outcome.result, outcome.tokens_per_step = result, per_step
-        if outcome.result == IDENTICAL and not every:
+        if outcome.result == IDENTICAL:
             break
     if outcome.result in (IDENTICAL, NO_ACCEPTS, DIFFERS, LOGITS_DIFFER):
         outcome.mode = attention_layout(model).mode
     return outcome
 
 
-def check(model_type: str, class_name: str, seeds=PROMPT_SEEDS, every: bool = False) -> Outcome:
+def check(model_type: str, class_name: str) -> Outcome:
     """The whole check for one auto-mapping entry: set aside, not built, or ``run_model``."""
     start = time.perf_counter()
     reason = set_aside_reason(model_type, class_name)
@@ -197,6 +193,6 @@ def check(model_type: str, class_name: str, seeds=PROMPT_SEEDS, every: bool = Fa
     except ZooBuildError as error:
         outcome = Outcome(model_type, class_name, NOT_BUILT, str(error))
     else:
-        outcome = run_model(model, Outcome(model_type, class_name, NO_ACCEPTS, window=window), seeds, every)
+        outcome = run_model(model, Outcome(model_type, class_name, NO_ACCEPTS, window=window))
     outcome.seconds = round(time.perf_counter() - start, 2)
     return outcome
