@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 
@@ -131,6 +132,7 @@ class ObservedCost:
         self.count = np.zeros(shape, dtype=np.int64)
         self.seen_at = np.zeros(shape, dtype=np.int64)  # the forward number of each band's last observation
         self.forwards = 0
+        self._bands: dict[int, np.ndarray] = {}  # curve length -> band of each size (``bands_up_to``)
 
     @staticmethod
     def _index(edges: np.ndarray, value: int) -> int:
@@ -159,18 +161,13 @@ class ObservedCost:
         ratio, seen = self._at(self._index(self.ROW_BANDS, rows), self._index(self.LENGTH_BANDS, cache_len))
         if not seen.any():
             return cost
-        sizes = np.arange(cost.seconds.shape[0])
-        bands = self.size_bands(sizes)
-        seen_size = seen[bands]
-        corrected = cost.seconds * ratio[bands]
-        # An unobserved size costs at least what a smaller observed one was seen to cost (after
-        # a long prompt the measured short-cache values of big trees are too cheap) ...
-        floor = np.maximum.accumulate(np.where(seen_size, corrected, 0.0))
-        corrected = np.where(seen_size, corrected, np.maximum(corrected, floor))
-        # ... and no size costs more than a larger one (non-decreasing again).
-        seconds = np.minimum.accumulate(corrected[::-1])[::-1]
-        seconds[0] = seconds[1]
-        return VerifyCost(seconds, cost.skinny_sizes, cost.steady)
+        return VerifyCost(_corrected(cost.seconds, ratio, seen, self.bands_up_to(cost.max_nodes)), cost.skinny_sizes, cost.steady)
+
+    def bands_up_to(self, max_nodes: int) -> np.ndarray:
+        """``size_bands`` of every size 0..``max_nodes`` (shape (max_nodes + 1,)), kept per length."""
+        if max_nodes not in self._bands:
+            self._bands[max_nodes] = self.size_bands(np.arange(max_nodes + 1))
+        return self._bands[max_nodes]
 
     def _at(self, rows: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         """Per size band: the ratio of the longest length band up to ``length`` that observed it
@@ -210,3 +207,26 @@ class ObservedCost:
         seconds = np.minimum.accumulate((cost.seconds * factor)[::-1])[::-1]
         seconds[0] = seconds[1]
         return VerifyCost(seconds, cost.skinny_sizes, cost.steady)
+
+
+@numba.njit(cache=True, nogil=True)
+def _corrected(seconds: np.ndarray, ratio: np.ndarray, seen: np.ndarray, bands: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """``ObservedCost.apply``'s curve: ``seconds`` (n,) scaled by the ratio of each size's band
+    (``bands`` (n,) into ``ratio`` / ``seen`` (b,)); an unobserved size costs at least what a smaller
+    observed one was seen to cost (after a long prompt the measured short-cache values of big trees
+    are too cheap), and no size costs more than a larger one (non-decreasing again)."""
+    n = seconds.shape[0]
+    out = np.empty(n)
+    floor = 0.0
+    for k in range(n):
+        band = bands[k]
+        value = seconds[k] * ratio[band]
+        if seen[band]:
+            floor = max(floor, value)
+            out[k] = value
+        else:
+            out[k] = max(value, floor)
+    for k in range(n - 2, -1, -1):
+        out[k] = min(out[k], out[k + 1])
+    out[0] = out[1]
+    return out

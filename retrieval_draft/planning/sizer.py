@@ -148,7 +148,7 @@ def explored_width(
         observed: the corrections (for the size bands).
         best: the width that ``seconds`` says pays best.
     """
-    checked = verified[observed.size_bands(tokens)]
+    checked = verified[observed.bands_up_to(int(tokens.max()))[tokens]]
     if checked.all() or not checked.any():  # nothing to test, or nothing seen yet to price it by
         return best
     hopeful = np.where(checked, seconds, np.minimum(seconds, seconds[checked].min()))
