@@ -276,10 +276,9 @@ class Drafter:
         node tokens are ``tokens`` (shape (n,), int64)."""
 
     def observe_tree(self, tokens: np.ndarray, logits: "torch.Tensor") -> None:
-        """``tree_request`` then ``tree_receive`` with a read of its own (for use outside the engines)."""
-        from retrieval_draft.model.transfer import to_host
-
-        self.tree_receive(tokens, to_host(self.tree_request([logits])))
+        """``tree_request`` then ``tree_receive`` with a read of its own (the lazy walk on CPU, and use
+        outside the engines; the GPU path reads every request in the step's one read)."""
+        self.tree_receive(tokens, self.tree_request([logits]).numpy(force=True))
 
     def accept(self, new_tokens: np.ndarray) -> None:
         """Tokens just appended to the context (shape (k,), int64)."""
