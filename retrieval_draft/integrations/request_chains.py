@@ -37,7 +37,7 @@ import numba
 import numpy as np
 
 from retrieval_draft.drafters.base import Drafter
-from retrieval_draft.integrations.step_cost import StepClock, StepCost, choose_lengths
+from retrieval_draft.integrations.step_cost import ChainCorrection, StepClock, StepCost, choose_lengths
 from retrieval_draft.planning.grader import DraftGrader, SourcedDrafts
 from retrieval_draft.planning.planner import cap_siblings
 from retrieval_draft.tree import DraftTree, merge_flat
@@ -53,6 +53,7 @@ class _Request:
     tokens: np.ndarray
     prompt_len: int
     drafts: SourcedDrafts = field(default_factory=list)
+    sent: tuple[np.ndarray, np.ndarray] | None = None  # the chain sent last step: tokens, path probabilities
     missed: int = 0
 
     def continued_by(self, row_tokens: np.ndarray, gained: int) -> bool:
@@ -95,6 +96,7 @@ class RequestChains:
         self.grader.register(self.drafters)
         self.cost = cost
         self.clock = StepClock()
+        self.correction = ChainCorrection()
         self._requests: dict[int, _Request] = {}  # by the batch row that held it at the last call
         self._parked: list[_Request] = []  # requests no row continued at the last call(s)
 
@@ -133,6 +135,10 @@ class RequestChains:
             if request.drafts and new.size:
                 offered.append(request.drafts)
                 truths.append(new)
+            if request.sent is not None and new.size:
+                tokens, probs = request.sent
+                self.correction.record(probs, _matched(tokens, new))
+            request.sent = None
             if new.size:
                 for handle in request.handles:
                     handle.accept(new)
@@ -148,9 +154,11 @@ class RequestChains:
         if self.cost is None:
             sizes = [tokens.shape[0] for tokens, _ in chains.values()]
         else:
-            sizes = choose_lengths([probs for _, probs in chains.values()], self.cost.relative())
-        for (row, (tokens, _)), size in zip(chains.items(), sizes):
+            corrected = [self.correction.scale(probs) for _, probs in chains.values()]
+            sizes = choose_lengths(corrected, self.cost.relative())
+        for (row, (tokens, probs)), size in zip(chains.items(), sizes):
             drafts[row] = tokens[:size].tolist()
+            found[row].sent = (tokens[:size], probs[:size]) if size else None
         self.clock.sent(rows, sum(len(d) for d in drafts))
         return drafts
 
@@ -222,6 +230,14 @@ class RequestChains:
         probs = tree.probs[path]
         kept = int(np.argmax(probs < self.min_prob)) if (probs < self.min_prob).any() else path.shape[0]
         return sourced, (tree.tokens[path[:kept]], probs[:kept])
+
+
+def _matched(draft: np.ndarray, gained: np.ndarray) -> int:
+    """How many of ``draft``'s tokens (shape (m,)) the engine accepted, given what the request then
+    gained (shape (g,): the accepted tokens and one more)."""
+    n = min(draft.shape[0], gained.shape[0])
+    wrong = np.flatnonzero(draft[:n] != gained[:n])
+    return int(wrong[0]) if wrong.size else n
 
 
 def best_path(tree: DraftTree, max_len: int) -> np.ndarray:

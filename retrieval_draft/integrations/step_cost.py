@@ -177,3 +177,51 @@ def choose_lengths(expected: Sequence[np.ndarray], shape: CostShape, iterations:
         if ratio > best_ratio:
             best_lengths, best_ratio = lengths, ratio
     return best_lengths
+
+
+CHAIN_BANDS = np.array([0, 1, 2, 4, 8])  # band b holds chain positions (0-based) in [CHAIN_BANDS[b], CHAIN_BANDS[b + 1])
+
+
+class ChainCorrection:
+    """What the chains sent delivered against the path probabilities they were chosen by.
+
+    A chain is the best of many drafters' alternatives, each probability an estimate; the best of
+    several estimates is biased high (the winner's curse), the more so the more drafters compete
+    (a corpus store's drafts beside prompt lookup's). Per band of chain positions this keeps
+    decayed sums of the probability the sent tokens were given and of the tokens accepted, and
+    ``scale`` multiplies a chain's path probabilities by their ratio before its length is chosen.
+
+    Args:
+        prior_weight: pseudo-tokens behind the prior ratio of 1.
+        decay: factor applied to the sums once per ``record``.
+        bounds: the ratio is clipped to this range.
+    """
+
+    def __init__(self, prior_weight: float = 4.0, decay: float = 0.99, bounds: tuple[float, float] = (0.1, 1.5)) -> None:
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self.bounds = bounds
+        self.promised = np.zeros(CHAIN_BANDS.shape[0])
+        self.delivered = np.zeros(CHAIN_BANDS.shape[0])
+
+    def factors(self, length: int) -> np.ndarray:
+        """(length,) the correction of chain positions 0..length-1."""
+        w = self.prior_weight
+        ratio = np.clip((self.delivered + w) / (self.promised + w), *self.bounds)
+        return ratio[np.searchsorted(CHAIN_BANDS, np.arange(length), side="right") - 1]
+
+    def scale(self, probs: np.ndarray) -> np.ndarray:
+        """``probs`` (m,), a chain's path probabilities, corrected (kept non-increasing and <= 1)."""
+        if not probs.shape[0]:
+            return probs
+        return np.minimum.accumulate(np.minimum(probs * self.factors(probs.shape[0]), 1.0))
+
+    def record(self, probs: np.ndarray, accepted: int) -> None:
+        """One chain sent with path probabilities ``probs`` (m,, as given, before ``scale``), of which the
+        first ``accepted`` tokens were accepted."""
+        self.promised *= self.decay
+        self.delivered *= self.decay
+        bands = np.searchsorted(CHAIN_BANDS, np.arange(probs.shape[0]), side="right") - 1
+        size = CHAIN_BANDS.shape[0]
+        self.promised += np.bincount(bands, weights=probs, minlength=size)
+        self.delivered += np.bincount(bands, weights=(np.arange(probs.shape[0]) < accepted).astype(np.float64), minlength=size)

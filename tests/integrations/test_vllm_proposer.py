@@ -17,7 +17,9 @@ import pytest
 
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.integrations.request_chains import best_path
-from retrieval_draft.integrations.step_cost import CostShape, StepClock, StepCost, choose_lengths, fit_step_cost
+from retrieval_draft.integrations.step_cost import (
+    ChainCorrection, CostShape, StepClock, StepCost, choose_lengths, fit_step_cost,
+)
 from retrieval_draft.integrations.vllm_proposer import (
     ENV_DATASTORE, ENV_DRAFTERS, ENV_MIN_PROB, ENV_STEP_COST, ProposerSettings, RetrievalDraftProposer,
 )
@@ -307,3 +309,25 @@ def test_with_a_step_cost_a_repeated_block_is_still_drafted_and_noise_is_not():
     proposer_ = proposer(step_cost=CostShape())
     drafts, _ = first_step(proposer_, [BLOCK * 3 + BLOCK[:2], list(range(100, 120))], [BLOCK[2], 121])
     assert drafts[0] == BLOCK[3: 3 + K] and drafts[1] == []
+
+
+def test_chains_that_deliver_less_than_promised_are_scaled_down_and_then_sent_shorter():
+    correction = ChainCorrection()
+    probs = np.array([0.9, 0.8, 0.7, 0.6])
+    assert correction.scale(probs) == pytest.approx(probs)  # no chain sent yet: believed as given
+    for _ in range(100):
+        correction.record(probs, accepted=1)  # the first token is accepted, never the rest
+    scaled = correction.scale(probs)
+    assert scaled[0] > 0.95 and scaled[1] <= 0.2 and np.all(np.diff(scaled) <= 0)  # the first: accepted more than promised
+    assert choose_lengths([probs], SHAPE) == [4]
+    assert choose_lengths([scaled], SHAPE) == [1]
+
+
+def test_the_proposer_records_what_its_chains_delivered():
+    proposer_ = proposer(step_cost=CostShape())
+    drafts, batch = first_step(proposer_, [BLOCK * 3 + BLOCK[:2]], [BLOCK[2]])
+    assert drafts[0] == BLOCK[3: 3 + K]
+    batch.step(proposer_, [drafts[0][:1] + [99]])  # one accepted, then the model's own token
+    correction = proposer_.chains.correction
+    assert correction.promised[:2].sum() > 0 and correction.delivered[0] == pytest.approx(1.0)
+    assert correction.delivered[1:].sum() == 0
