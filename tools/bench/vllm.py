@@ -177,7 +177,8 @@ def markdown(result: dict) -> str:
     lines = [f"# vLLM speculative methods, {config['model']} ({result['machine']['date']})", "",
              f"`{result['command']}`", "",
              f"vLLM {result['machine']['vllm']}, torch {result['machine']['torch']}, {result['machine']['cpu']}, "
-             f"{result['machine']['cores']} cores, load average at start {result['machine']['load_avg_start']}; "
+             f"{result['machine']['cores']} cores, load average (1, 5, 15 min) at start {result['machine']['load_avg_start']}, "
+             f"at end {result['machine'].get('load_avg_end')}; "
              f"float32, eager, greedy, {config['max_tokens']} tokens per request, num_speculative_tokens {config['k']}.",
              ""]
     for system, reason in result["unavailable"].items():
@@ -198,6 +199,9 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from tools.bench.report import load_average
+
+    load_start = load_average()
     import vllm
     from transformers import AutoTokenizer
 
@@ -216,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[system] = run_system(system, folder, workloads, concurrency, args)
         for system, by_workload in runs.items():
             rows += [summarise(name, concurrency, system, run, runs["plain"][name]) for name, run in by_workload.items()]
-    machine = machine_info() | {"vllm": vllm.__version__}
+    machine = machine_info() | {"vllm": vllm.__version__, "load_avg_start": load_start, "load_avg_end": load_average()}
     result = {"command": "python -m tools.bench.vllm " + " ".join(sys.argv[1:] if argv is None else argv),
               "config": {key: value for key, value in vars(args).items() if key != "out"},
               "machine": machine, "unavailable": reasons, "rows": rows}
