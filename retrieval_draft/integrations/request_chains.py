@@ -14,10 +14,16 @@ gained. ``RequestChains`` turns that into one draft per request:
 3. it grades the drafts of the previous step against the tokens the model produced
    (``DraftGrader``: each drafter's guesses mapped to observed acceptance rates);
 4. it merges every drafter's drafts into one calibrated tree under the request's last token
-   (``merge_flat`` + ``cap_siblings``, the engine's own candidate tree), takes the root-to-leaf
+   (``merge_flat`` + ``cap_siblings``, the engine's own candidate tree) and takes the root-to-leaf
    path of at most ``max_tokens`` tokens that is expected to have the most tokens accepted
-   (``best_path``: the largest sum of its nodes' path probabilities), and cuts it where the path's
-   probability falls below ``min_prob``.
+   (``best_path``: the largest sum of its nodes' path probabilities), cut where the path's
+   probability falls below ``min_prob``;
+5. it decides how much of each chain to send, for the whole batch at once, by expected gain
+   against cost (``step_cost.choose_lengths``): a step gains each request's bonus token plus the
+   sum of the path probabilities of the tokens sent, and costs a plain step plus an overhead when
+   anything is drafted plus a cost per draft token, as fitted from the engine's own step times
+   (``StepClock`` -> ``StepCost``: the time between two calls is the engine's step); so a long
+   likely chain goes in full, a weak one not at all.
 
 Ids only: the tokenizer, stores and settings are the caller's (``vllm_proposer``).
 """
@@ -30,7 +36,8 @@ from typing import Sequence
 import numba
 import numpy as np
 
-from retrieval_draft.draft import Drafter, Proposals
+from retrieval_draft.draft import Drafter, Proposals, matched_prefixes
+from retrieval_draft.integrations.step_cost import ChainCorrection, StepClock, StepCost, choose_lengths
 from retrieval_draft.planning.planner import DraftGrader
 from retrieval_draft.planning.planner import cap_siblings
 from retrieval_draft.tree import DraftTree, merge_flat
@@ -46,6 +53,7 @@ class _Request:
     tokens: np.ndarray
     prompt_len: int
     drafts: Proposals | None = None
+    sent: tuple[np.ndarray, np.ndarray] | None = None  # the chain sent last step: tokens, path probabilities
     missed: int = 0
 
     def continued_by(self, row_tokens: np.ndarray, gained: int) -> bool:
@@ -68,10 +76,13 @@ class RequestChains:
         grace: calls a request may go without a batch row before it counts as ended (an engine
             drops a preempted or unscheduled request from its batch for a while).
         grader: the acceptance rates to use and update (shared with whoever passes it).
+        cost: the step-cost model to fit from the calls' timing and to size chains by; None sends
+            every chain whole (up to ``min_prob``'s cut).
     """
 
     def __init__(self, drafters: Sequence[Drafter], max_tokens: int, max_model_len: int | None = None,
-                 min_prob: float = 0.0, grace: int = 4, grader: DraftGrader | None = None) -> None:
+                 min_prob: float = 0.0, grace: int = 4, grader: DraftGrader | None = None,
+                 cost: StepCost | None = None) -> None:
         if max_tokens < 0:
             raise ValueError("max_tokens must be >= 0")
         if not 0.0 <= min_prob <= 1.0:
@@ -83,6 +94,9 @@ class RequestChains:
         self.grace = grace
         self.grader = grader if grader is not None else DraftGrader()
         self.grader.register(self.drafters)
+        self.cost = cost
+        self.clock = StepClock()
+        self.correction = ChainCorrection()
         self._requests: dict[int, _Request] = {}  # by the batch row that held it at the last call
         self._parked: list[_Request] = []  # requests no row continued at the last call(s)
 
@@ -106,15 +120,25 @@ class RequestChains:
             B lists of token ids, each at most ``max_tokens`` long; empty where a row gained
             nothing or nothing is drafted.
         """
+        self.clock.start()
         rows = len(gained)
         contexts = [np.asarray(token_rows[i, : int(lengths[i])], dtype=np.int64) for i in range(rows)]
+        before = self.live
         found = self._match(gained, contexts)
+        steady = len(found) == rows == before and all(r.tokens.shape[0] > r.prompt_len for r in found.values())
+        sample = self.clock.sample(rows, [len(g) for g in gained], steady)
+        if sample is not None and self.cost is not None:
+            self.cost.observe(*sample)
         truths, offered = [], []
         for row, request in found.items():
             new = contexts[row][request.tokens.shape[0]:]
             if request.drafts is not None and new.size:
                 offered.append(request.drafts)
                 truths.append(new)
+            if request.sent is not None and new.size:
+                tokens, probs = request.sent
+                self.correction.record(probs, int(matched_prefixes(tokens, np.array([tokens.shape[0]]), new)[0]))
+            request.sent = None
             if new.size:
                 for handle in request.handles:
                     handle.accept(new)
@@ -122,10 +146,20 @@ class RequestChains:
             request.drafts = None
         if truths:
             self.grader.observe(offered, truths, [drafts.matched(truth) for drafts, truth in zip(offered, truths)])
-        drafts: list[list[int]] = [[] for _ in range(rows)]
+        chains: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for row, request in found.items():
             if len(gained[row]):
-                request.drafts, drafts[row] = self._chain(request, contexts[row])
+                request.drafts, chains[row] = self._chain(request, contexts[row])
+        drafts: list[list[int]] = [[] for _ in range(rows)]
+        if self.cost is None:
+            sizes = [tokens.shape[0] for tokens, _ in chains.values()]
+        else:
+            corrected = [self.correction.scale(probs) for _, probs in chains.values()]
+            sizes = choose_lengths(corrected, self.cost.relative())
+        for (row, (tokens, probs)), size in zip(chains.items(), sizes):
+            drafts[row] = tokens[:size].tolist()
+            found[row].sent = (tokens[:size], probs[:size]) if size else None
+        self.clock.sent(rows, sum(len(d) for d in drafts))
         return drafts
 
     def end_all(self) -> None:
@@ -178,24 +212,25 @@ class RequestChains:
         for handle in request.handles:
             handle.end(output)
 
-    def _chain(self, request: _Request, context: np.ndarray) -> tuple[Proposals | None, list[int]]:
-        """(every drafter's drafts, the chain to verify) for a request whose tokens are ``context``
-        (shape (n,), int64; its last token is the tree's root)."""
+    def _chain(self, request: _Request, context: np.ndarray) -> tuple[Proposals | None, tuple[np.ndarray, np.ndarray]]:
+        """(every drafter's drafts, (the chain's tokens, their path probabilities), each (m,)) for a
+        request whose tokens are ``context`` (shape (n,), int64; its last token is the tree's root)."""
+        none = (np.zeros(0, np.int64), np.zeros(0, np.float64))
         room = self.max_tokens
         if self.max_model_len is not None:
             room = min(room, self.max_model_len - context.shape[0] - 1)
         if room <= 0 or context.shape[0] == 0:
-            return None, []
+            return None, none
         proposals = Proposals([handle.name for handle in request.handles])
         for handle in request.handles:
             handle.propose_into(context, room, proposals.writer(handle.name))
         if not proposals.count:
-            return None, []
+            return None, none
         tree = cap_siblings(merge_flat(int(context[-1]), *self.grader.calibrated(proposals)))
         path = best_path(tree, room)
         probs = tree.probs[path]
         kept = int(np.argmax(probs < self.min_prob)) if (probs < self.min_prob).any() else path.shape[0]
-        return proposals, tree.tokens[path[:kept]].tolist()
+        return proposals, (tree.tokens[path[:kept]], probs[:kept])
 
 
 def best_path(tree: DraftTree, max_len: int) -> np.ndarray:

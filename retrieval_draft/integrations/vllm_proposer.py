@@ -23,7 +23,10 @@ it does not know), read once when vLLM builds the proposer:
 - ``RETRIEVAL_DRAFT_VLLM_DRAFTERS``: comma-separated drafter names of the registry (default:
   ``prompt``, ``ngram`` and ``suffix`` per store when there are stores, ``history``).
 - ``RETRIEVAL_DRAFT_VLLM_MIN_PROB``: a chain stops where its calibrated path probability falls
-  below this (default 0.1).
+  below this (default 0: the step cost decides).
+- ``RETRIEVAL_DRAFT_VLLM_STEP_COST``: ``OVERHEAD,PER_TOKEN``, the prior shape of a speculative
+  step's cost in plain steps (default ``CostShape()``, measured here), refined from the engine's
+  own step times; ``off`` sends every chain whole.
 
 This module imports nothing of vLLM: the config is read by attribute, so tests hand it a stand-in.
 """
@@ -43,23 +46,28 @@ from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.integrations.request_chains import RequestChains
+from retrieval_draft.integrations.step_cost import CostShape, StepCost
 
 LOG = logging.getLogger(__name__)
 
 ENV_DATASTORE = "RETRIEVAL_DRAFT_VLLM_DATASTORE"
 ENV_DRAFTERS = "RETRIEVAL_DRAFT_VLLM_DRAFTERS"
 ENV_MIN_PROB = "RETRIEVAL_DRAFT_VLLM_MIN_PROB"
-DEFAULT_MIN_PROB = 0.1
+ENV_STEP_COST = "RETRIEVAL_DRAFT_VLLM_STEP_COST"
+DEFAULT_MIN_PROB = 0.0
 
 
 @dataclass(frozen=True)
 class ProposerSettings:
     """What the proposer drafts from. ``datastores``: store folders, in order; ``drafters``:
-    registry names (None: the default menu for the sources); ``min_prob``: ``RequestChains``'s."""
+    registry names (None: the default menu for the sources); ``min_prob``: ``RequestChains``'s;
+    ``step_cost``: the prior shape of the step cost that sizes the chains (learned on from the
+    engine's pace), None to send every chain whole."""
 
     datastores: tuple[str, ...] = ()
     drafters: tuple[str, ...] | None = None
     min_prob: float = DEFAULT_MIN_PROB
+    step_cost: CostShape | None = CostShape()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "ProposerSettings":
@@ -73,7 +81,22 @@ class ProposerSettings:
             raise InvalidInputError(f"{ENV_MIN_PROB}={raw!r} is not a number") from None
         if not 0.0 <= min_prob <= 1.0:
             raise InvalidInputError(f"{ENV_MIN_PROB} must lie in [0, 1], got {min_prob}")
-        return cls(stores, names or None, min_prob)
+        return cls(stores, names or None, min_prob, _step_cost(environ.get(ENV_STEP_COST, "").strip()))
+
+
+def _step_cost(raw: str) -> CostShape | None:
+    """``ENV_STEP_COST``'s value: '' the default shape, ``off`` None, else ``OVERHEAD,PER_TOKEN`` (each >= 0)."""
+    if not raw:
+        return CostShape()
+    if raw.lower() == "off":
+        return None
+    try:
+        overhead, per_token = (float(part) for part in raw.split(","))
+    except ValueError:
+        raise InvalidInputError(f"{ENV_STEP_COST}={raw!r} is not 'off' or OVERHEAD,PER_TOKEN") from None
+    if overhead < 0 or per_token < 0:
+        raise InvalidInputError(f"{ENV_STEP_COST} takes costs >= 0, got {raw!r}")
+    return CostShape(overhead, per_token)
 
 
 def proposer_drafters(settings: ProposerSettings, vocab_size: int, tokenizer=None) -> list[Drafter]:
@@ -129,9 +152,10 @@ class RetrievalDraftProposer:
         drafters = proposer_drafters(settings, int(model_config.get_vocab_size()), tokenizer)
         warm_up(drafters)
         self.settings = settings
-        self.chains = RequestChains(drafters, k, int(model_config.max_model_len), settings.min_prob)
-        LOG.info("retrieval-draft proposer: %d tokens per chain, drafters %s, min_prob %.3g",
-                 k, ", ".join(d.name for d in drafters), settings.min_prob)
+        cost = None if settings.step_cost is None else StepCost(settings.step_cost, prior_span=k)
+        self.chains = RequestChains(drafters, k, int(model_config.max_model_len), settings.min_prob, cost=cost)
+        LOG.info("retrieval-draft proposer: %d tokens per chain, drafters %s, min_prob %.3g, step cost prior %s",
+                 k, ", ".join(d.name for d in drafters), settings.min_prob, settings.step_cost)
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
                 slot_mappings=None) -> list[list[int]]:

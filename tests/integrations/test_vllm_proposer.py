@@ -17,8 +17,11 @@ import pytest
 
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.integrations.request_chains import best_path
+from retrieval_draft.integrations.step_cost import (
+    ChainCorrection, CostShape, StepClock, StepCost, choose_lengths, fit_step_cost,
+)
 from retrieval_draft.integrations.vllm_proposer import (
-    ENV_DATASTORE, ENV_DRAFTERS, ENV_MIN_PROB, ProposerSettings, RetrievalDraftProposer,
+    ENV_DATASTORE, ENV_DRAFTERS, ENV_MIN_PROB, ENV_STEP_COST, ProposerSettings, RetrievalDraftProposer,
 )
 from retrieval_draft.tree import DraftTree
 
@@ -58,8 +61,10 @@ class Batch:
         return proposer.propose(gained, self.num_tokens_no_spec, self.token_ids_cpu)
 
 
-def proposer(min_prob: float = 0.0, drafters=("prompt", "history"), **config) -> RetrievalDraftProposer:
-    return RetrievalDraftProposer(vllm_config(**config), ProposerSettings(drafters=drafters, min_prob=min_prob))
+def proposer(min_prob: float = 0.0, drafters=("prompt", "history"), step_cost=None, **config) -> RetrievalDraftProposer:
+    """Chains sent whole unless ``step_cost`` (a ``CostShape``) sizes them."""
+    settings = ProposerSettings(drafters=drafters, min_prob=min_prob, step_cost=step_cost)
+    return RetrievalDraftProposer(vllm_config(**config), settings)
 
 
 def first_step(proposer_, prompts: list[list[int]], first_tokens: list[int]) -> list[list[int]]:
@@ -167,9 +172,15 @@ def test_settings_come_from_the_environment(tmp_path):
     assert settings.datastores == (str(tmp_path / "a"), str(tmp_path / "b"))
     assert settings.drafters == ("prompt", "history") and settings.min_prob == 0.25
     assert ProposerSettings.from_env({}) == ProposerSettings()
+    assert ProposerSettings().step_cost == CostShape()
+    assert ProposerSettings.from_env({ENV_STEP_COST: "off"}).step_cost is None
+    assert ProposerSettings.from_env({ENV_STEP_COST: "0.2, 0.01"}).step_cost == CostShape(0.2, 0.01)
     for bad in ("x", "2"):
         with pytest.raises(InvalidInputError):
             ProposerSettings.from_env({ENV_MIN_PROB: bad})
+    for bad in ("x", "0.1", "-1,0.1"):
+        with pytest.raises(InvalidInputError):
+            ProposerSettings.from_env({ENV_STEP_COST: bad})
 
 
 def test_a_datastore_drafts_for_the_requests(tmp_path):
@@ -180,7 +191,7 @@ def test_a_datastore_drafts_for_the_requests(tmp_path):
     tokenizer = word_tokenizer(words)
     (tmp_path / "doc.txt").write_text("a b c d e f g h " * 3)
     build([str(tmp_path / "doc.txt")], tmp_path / "store", tokenizer, progress=False)
-    settings = ProposerSettings(datastores=(str(tmp_path / "store"),), min_prob=0.0)
+    settings = ProposerSettings(datastores=(str(tmp_path / "store"),), min_prob=0.0, step_cost=None)
     proposer_ = RetrievalDraftProposer(vllm_config(), settings, tokenizer=tokenizer)
     assert [drafter.name for drafter in proposer_.chains.drafters] == ["prompt", "ngram", "suffix", "history"]
     ids = tokenizer("h a b")["input_ids"]
@@ -200,3 +211,123 @@ def test_the_proposer_imports_no_vllm_and_the_core_never_imports_it():
         assert not {name for name in names if name.split(".")[0] == "vllm"}, path
         if "integrations" not in path.parts:
             assert not {name for name in names if name.startswith("retrieval_draft.integrations")}, path
+
+
+# The chain chooser: how much of each request's chain to send, by expected gain against step cost.
+
+SHAPE = CostShape(overhead=0.05, per_token=0.08)
+
+
+def test_a_long_likely_chain_is_sent_whole():
+    assert choose_lengths([np.full(8, 0.9)], SHAPE) == [8]
+    # each further token is worth its cost while its path probability beats the step's rate x its cost
+    assert choose_lengths([0.9 ** np.arange(1, 9)], SHAPE) == [8]
+
+
+def test_a_weak_draft_is_not_sent_at_all():
+    assert choose_lengths([np.array([0.05, 0.02])], SHAPE) == [0]
+    # worth sending on a free engine, not where a speculative step has an overhead
+    assert choose_lengths([np.array([0.1])], CostShape(0.0, 0.0)) == [1]
+    assert choose_lengths([np.array([0.1])], CostShape(0.2, 0.0)) == [0]
+
+
+def test_a_chain_is_cut_where_its_tokens_stop_paying():
+    probs = np.array([0.9, 0.8, 0.7, 0.1, 0.05, 0.02])
+    assert choose_lengths([probs], SHAPE) == [3]
+    assert choose_lengths([probs], CostShape(0.05, 0.001)) == [6]  # nearly free tokens: all of them
+    assert choose_lengths([np.zeros(0)], SHAPE) == [0]
+    assert choose_lengths([], SHAPE) == []
+
+
+def test_a_batch_shares_one_step_so_a_weak_row_rides_only_on_strong_ones():
+    weak, strong = np.array([0.3]), np.full(6, 0.9)
+    assert choose_lengths([weak], CostShape(0.4, 0.05)) == [0]  # alone, 0.3 tokens do not pay the overhead
+    lengths = choose_lengths([weak, strong], CostShape(0.4, 0.05))
+    assert lengths == [1, 6]  # the overhead is paid anyway: the weak row's token costs only its own
+    # over a batch the step's rate is higher, so each token must carry more
+    assert choose_lengths([np.array([0.9, 0.15])], SHAPE) == [2]
+    assert choose_lengths([np.array([0.9, 0.15])] + [np.full(4, 0.95)] * 7, SHAPE)[0] == 1
+
+
+def test_the_step_cost_learns_the_engine_from_its_steps():
+    cost = StepCost(CostShape(0.2, 0.02))
+    assert cost.relative() == CostShape(0.2, 0.02)  # the prior before any step
+    rng = np.random.default_rng(0)
+    for step in range(400):
+        n = int(rng.integers(0, 9))
+        cost.observe(0.080 + 0.004 * (n > 0) + 0.006 * n + rng.normal(0, 0.001), n)
+    plain, overhead, per_token = cost.coefficients()
+    assert plain == pytest.approx(0.080, rel=0.05) and per_token == pytest.approx(0.006, rel=0.15)
+    assert abs(overhead - 0.004) < 0.003
+    assert cost.relative().per_token == pytest.approx(0.075, rel=0.15)
+
+
+def test_a_step_cost_that_never_sees_drafts_keeps_its_prior_shape():
+    cost = StepCost(CostShape(0.1, 0.05))
+    for _ in range(200):
+        cost.observe(0.09, 0)
+    plain, _, _ = cost.coefficients()
+    assert abs(plain - 0.09) < 1e-6
+    learned = cost.relative()
+    assert learned.overhead == pytest.approx(0.1) and learned.per_token == pytest.approx(0.05)
+
+
+def test_the_probe_fit_reads_overhead_and_per_token_cost_from_medians():
+    drafted = np.repeat([0, 1, 2, 4, 8], 20)
+    seconds = 0.08 + 0.004 * (drafted > 0) + 0.006 * drafted
+    seconds[::7] += 0.5  # the odd slow step
+    plain, overhead, per_token = fit_step_cost(drafted, seconds)
+    assert plain == pytest.approx(0.08) and overhead == pytest.approx(0.004) and per_token == pytest.approx(0.006)
+
+
+def test_the_clock_samples_only_steps_between_calls_over_the_same_requests():
+    now = iter([0.0, 0.01, 0.1, 0.11, 0.2, 0.21, 0.3]).__next__
+    clock = StepClock(clock=now)
+    clock.start()
+    assert clock.sample(1, [1]) is None  # no call before
+    clock.sent(1, 5)
+    clock.start()
+    assert clock.sample(1, [3]) == pytest.approx((0.09, 5))
+    clock.sent(1, 0)
+    clock.start()
+    assert clock.sample(2, [1, 1]) is None  # a request came
+    clock.sent(2, 0)
+    clock.start()
+    assert clock.sample(2, [1, 0]) is None  # a row still prefilling
+
+
+def test_the_proposer_learns_the_step_cost_from_the_pace_of_its_calls():
+    proposer_ = proposer(step_cost=CostShape())
+    drafts, batch = first_step(proposer_, [BLOCK * 3 + BLOCK[:2]], [BLOCK[2]])
+    assert proposer_.chains.cost.samples == 0  # the first decoding step after a prompt is no sample
+    for _ in range(3):
+        drafts = batch.step(proposer_, [drafts[0] + [BLOCK[(BLOCK.index(drafts[0][-1]) + 1) % 10]] if drafts[0] else [BLOCK[0]]])
+    assert proposer_.chains.cost.samples > 0
+
+
+def test_with_a_step_cost_a_repeated_block_is_still_drafted_and_noise_is_not():
+    proposer_ = proposer(step_cost=CostShape())
+    drafts, _ = first_step(proposer_, [BLOCK * 3 + BLOCK[:2], list(range(100, 120))], [BLOCK[2], 121])
+    assert drafts[0] == BLOCK[3: 3 + K] and drafts[1] == []
+
+
+def test_chains_that_deliver_less_than_promised_are_scaled_down_and_then_sent_shorter():
+    correction = ChainCorrection()
+    probs = np.array([0.9, 0.8, 0.7, 0.6])
+    assert correction.scale(probs) == pytest.approx(probs)  # no chain sent yet: believed as given
+    for _ in range(100):
+        correction.record(probs, accepted=1)  # the first token is accepted, never the rest
+    scaled = correction.scale(probs)
+    assert scaled[0] > 0.95 and scaled[1] <= 0.2 and np.all(np.diff(scaled) <= 0)  # the first: accepted more than promised
+    assert choose_lengths([probs], SHAPE) == [4]
+    assert choose_lengths([scaled], SHAPE) == [1]
+
+
+def test_the_proposer_records_what_its_chains_delivered():
+    proposer_ = proposer(step_cost=CostShape())
+    drafts, batch = first_step(proposer_, [BLOCK * 3 + BLOCK[:2]], [BLOCK[2]])
+    assert drafts[0] == BLOCK[3: 3 + K]
+    batch.step(proposer_, [drafts[0][:1] + [99]])  # one accepted, then the model's own token
+    correction = proposer_.chains.correction
+    assert correction.promised[:2].sum() > 0 and correction.delivered[0] == pytest.approx(1.0)
+    assert correction.delivered[1:].sum() == 0

@@ -48,6 +48,36 @@ RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 MODELS = Path(__file__).resolve().parents[2] / ".cache" / "vllm-models"
 SYSTEMS = ("plain", "ngram", "suffix", "ours", "ours_store")
 ENV_STORE = "RETRIEVAL_DRAFT_VLLM_DATASTORE"
+REPO = "repo"  # completions of a held-out file of one package, whose other files form the store
+
+
+def repo_source(package: str):
+    """The ``RepoSource`` of ``tools.bench.repo_workloads`` for ``package``."""
+    from tools.bench.repo_workloads import REPO_SOURCES
+
+    for source in REPO_SOURCES:
+        if source.package == package:
+            return source
+    raise ValueError(f"no repo source for {package!r}; choose from {', '.join(s.package for s in REPO_SOURCES)}")
+
+
+def vllm_workloads(names: list[str], n: int, seed: int, tokenizer, package: str = "click") -> tuple[dict, list[str]]:
+    """(workload -> prompts' token ids, the stores the workloads bring): the benchmark's workloads
+    (``tools.bench.workloads``) and ``repo``: raw completions of documented functions of one
+    package's held-out file (``repo_workloads``: the file up to the function's docstring), whose
+    store is the rest of the package (built once under ``.cache/bench-repo-stores/``)."""
+    from tools.bench.repo_workloads import repo_prompts
+    from tools.bench.workloads import build_workloads
+
+    plain = [name for name in names if name != REPO]
+    built = build_workloads(plain, n, seed)
+    out = {name: [prompt_ids(tokenizer, p.text, p.chat, p.turns) for p in built[name]] for name in plain}
+    stores: list[str] = []
+    if REPO in names:
+        prompts = repo_prompts(n, seed, chat=False, tokenizer=tokenizer, sources=(repo_source(package),))
+        out[REPO] = [prompt_ids(tokenizer, p.text, False) for p in prompts]
+        stores = sorted({p.store for p in prompts})
+    return {name: out[name] for name in names}, stores
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -60,6 +90,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", default="1,8", help="comma-separated concurrency levels")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--datastore", default=None, help="store folder(s), os.pathsep-separated, for ours_store")
+    p.add_argument("--repo-package", default="click", help="the package of the repo workload (tools.bench.repo_workloads)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output prefix (default bench/results/<date>-vllm-<model>)")
     args = p.parse_args(argv)
@@ -73,10 +104,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def unavailable(systems: list[str], datastore: str | None) -> dict[str, str]:
-    """System -> why it cannot run here."""
+    """System -> why it cannot run here (``datastore``: every store ``ours_store`` would open)."""
     reasons = {}
     if "ours_store" in systems and not datastore:
-        reasons["ours_store"] = "no --datastore given"
+        reasons["ours_store"] = "no --datastore given and no repo workload"
     if "suffix" in systems and importlib.util.find_spec("arctic_inference") is None:
         reasons["suffix"] = ("arctic_inference does not import in this venv (make vllm-check builds SuffixDecoding's "
                              "core from the arctic-inference sdist and adds it with a .pth file; it needs cmake)")
@@ -114,7 +145,7 @@ def _latency(result, group_wall: float) -> float:
 def run_system(system: str, folder: Path, workloads: dict, concurrency: int, args) -> dict:
     """Every workload through a fresh engine for ``system`` at ``concurrency``: workload -> ``run_workload``."""
     if system == "ours_store":
-        os.environ[ENV_STORE] = args.datastore
+        os.environ[ENV_STORE] = args.stores
     try:
         spec = speculative_config("ours" if system == "ours_store" else system, args.k)
         with engine(folder, spec, max_model_len=4096, max_num_seqs=max(concurrency, 1)) as llm:
@@ -146,7 +177,8 @@ def markdown(result: dict) -> str:
     lines = [f"# vLLM speculative methods, {config['model']} ({result['machine']['date']})", "",
              f"`{result['command']}`", "",
              f"vLLM {result['machine']['vllm']}, torch {result['machine']['torch']}, {result['machine']['cpu']}, "
-             f"{result['machine']['cores']} cores, load average at start {result['machine']['load_avg_start']}; "
+             f"{result['machine']['cores']} cores, load average (1, 5, 15 min) at start {result['machine']['load_avg_start']}, "
+             f"at end {result['machine'].get('load_avg_end')}; "
              f"float32, eager, greedy, {config['max_tokens']} tokens per request, num_speculative_tokens {config['k']}.",
              ""]
     for system, reason in result["unavailable"].items():
@@ -167,17 +199,19 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from tools.bench.report import load_average
+
+    load_start = load_average()
     import vllm
     from transformers import AutoTokenizer
 
     from tools.bench.report import machine_info, write_results
-    from tools.bench.workloads import build_workloads
 
     folder = (smollm2_folder if args.model == "smollm2" else tiny_model_folder)(MODELS / args.model)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    workloads = {name: [prompt_ids(tokenizer, p.text, p.chat, p.turns) for p in group]
-                 for name, group in build_workloads(args.workloads, args.prompts, args.seed).items()}
-    reasons = unavailable(args.systems, args.datastore)
+    workloads, repo_stores = vllm_workloads(args.workloads, args.prompts, args.seed, tokenizer, args.repo_package)
+    args.stores = os.pathsep.join(([args.datastore] if args.datastore else []) + repo_stores) or None
+    reasons = unavailable(args.systems, args.stores)
     rows = []
     for concurrency in args.concurrency:
         runs = {}
@@ -186,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[system] = run_system(system, folder, workloads, concurrency, args)
         for system, by_workload in runs.items():
             rows += [summarise(name, concurrency, system, run, runs["plain"][name]) for name, run in by_workload.items()]
-    machine = machine_info() | {"vllm": vllm.__version__}
+    machine = machine_info() | {"vllm": vllm.__version__, "load_avg_start": load_start, "load_avg_end": load_average()}
     result = {"command": "python -m tools.bench.vllm " + " ".join(sys.argv[1:] if argv is None else argv),
               "config": {key: value for key, value in vars(args).items() if key != "out"},
               "machine": machine, "unavailable": reasons, "rows": rows}
