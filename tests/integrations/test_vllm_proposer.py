@@ -18,7 +18,7 @@ import pytest
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.integrations.request_chains import best_path
 from retrieval_draft.integrations.step_cost import (
-    ChainCorrection, CostShape, StepClock, StepCost, choose_lengths, fit_step_cost,
+    ChainCorrection, CostShape, StepClock, StepCost, choose_lengths,
 )
 from retrieval_draft.integrations.vllm_proposer import (
     ENV_DATASTORE, ENV_DRAFTERS, ENV_MIN_PROB, ENV_STEP_COST, ProposerSettings, RetrievalDraftProposer,
@@ -270,14 +270,6 @@ def test_a_step_cost_that_never_sees_drafts_keeps_its_prior_shape():
     assert abs(plain - 0.09) < 1e-6
     learned = cost.relative()
     assert learned.overhead == pytest.approx(0.1) and learned.per_token == pytest.approx(0.05)
-
-
-def test_the_probe_fit_reads_overhead_and_per_token_cost_from_medians():
-    drafted = np.repeat([0, 1, 2, 4, 8], 20)
-    seconds = 0.08 + 0.004 * (drafted > 0) + 0.006 * drafted
-    seconds[::7] += 0.5  # the odd slow step
-    plain, overhead, per_token = fit_step_cost(drafted, seconds)
-    assert plain == pytest.approx(0.08) and overhead == pytest.approx(0.004) and per_token == pytest.approx(0.006)
 
 
 def test_the_clock_samples_only_steps_between_calls_over_the_same_requests():
