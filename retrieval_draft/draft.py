@@ -153,15 +153,7 @@ class Proposals:
     def runs(self) -> list[tuple[int, int, int]]:
         """(drafter, first entry, end entry) of each run of consecutive drafts by one drafter,
         in order: a drafter's drafts are contiguous unless two drafters share its name."""
-        runs: list[tuple[int, int, int]] = []
-        start = 0
-        for owner, n in zip(self.owners[: self.count].tolist(), self.lengths[: self.count].tolist()):
-            if runs and runs[-1][0] == owner:
-                runs[-1] = (owner, runs[-1][1], start + n)
-            else:
-                runs.append((owner, start, start + n))
-            start += n
-        return runs
+        return owner_runs(self.entry_owners[: self.used])
 
     def matched(self, truth: np.ndarray) -> np.ndarray:
         """(d,) int64: how many leading tokens of each draft equal ``truth`` (t,) int64, the tokens
@@ -194,6 +186,16 @@ class Proposals:
 
 _RANGE = np.arange(64, dtype=np.int64)  # the depths of a draft's first 64 entries (never written)
 _RANGE.flags.writeable = False
+
+
+def owner_runs(owners: np.ndarray) -> list[tuple[int, int, int]]:
+    """(owner, start, end) of each run of equal values in ``owners`` (m,), in order."""
+    if not owners.size:
+        return []
+    cuts = np.flatnonzero(owners[1:] != owners[:-1]) + 1
+    starts = np.concatenate(([0], cuts)).tolist()
+    ends = np.concatenate((cuts, [owners.shape[0]])).tolist()
+    return [(int(owners[a]), a, b) for a, b in zip(starts, ends)]
 
 
 @numba.njit(cache=True, nogil=True)

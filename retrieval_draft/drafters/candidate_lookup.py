@@ -48,6 +48,7 @@ class CandidateLookupDrafter(Drafter):
         self.recycled = recycled
         self.inner = inner
         self.max_candidates = max_candidates
+        self._found = Proposals([drafter.name for drafter in inner])  # the inner drafters' drafts, one candidate at a time
 
     def candidates(self, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Likely tokens after ``context`` (n,): ids (c,) and table probabilities (c,), most probable
@@ -75,7 +76,7 @@ class CandidateLookupDrafter(Drafter):
         ids, scores = self.candidates(context)
         extended = np.empty(context.shape[0] + 1, dtype=np.int64)
         extended[:-1] = context
-        found = Proposals([drafter.name for drafter in self.inner])
+        found = self._found
         for token, score in zip(ids.tolist(), scores.tolist()):
             extended[-1] = token
             found.clear()

@@ -53,6 +53,7 @@ class _Request:
     tokens: np.ndarray
     prompt_len: int
     drafts: Proposals | None = None
+    buffer: Proposals | None = None  # the arrays ``drafts`` is written in: allocated at the first draft, reused
     sent: tuple[np.ndarray, np.ndarray] | None = None  # the chain sent last step: tokens, path probabilities
     missed: int = 0
 
@@ -221,7 +222,10 @@ class RequestChains:
             room = min(room, self.max_model_len - context.shape[0] - 1)
         if room <= 0 or context.shape[0] == 0:
             return None, none
-        proposals = Proposals([handle.name for handle in request.handles])
+        if request.buffer is None:
+            request.buffer = Proposals([handle.name for handle in request.handles])
+        proposals = request.buffer  # last step's drafts were graded before this call drafts again
+        proposals.clear()
         for handle in request.handles:
             handle.propose_into(context, room, proposals.writer(handle.name))
         if not proposals.count:

@@ -36,7 +36,7 @@ import numba
 import numpy as np
 
 from retrieval_draft.config import DEFAULTS
-from retrieval_draft.draft import Proposals
+from retrieval_draft.draft import Proposals, owner_runs
 from retrieval_draft.planning.calibration import AcceptanceCalibrator, RankCorrection
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
 from retrieval_draft.planning.cost_probe import CostProbe, Probe
@@ -261,7 +261,7 @@ class DraftGrader:
             matched = proposals.matched(truth)
         depths, owners = proposals.depths[: proposals.used], proposals.entry_owners[: proposals.used]
         first, right = first_tested(tokens, depths, owners, lengths, matched, truth)
-        for owner, start, end in _owner_runs(owners[first]):
+        for owner, start, end in owner_runs(owners[first]):  # ``first`` is ordered by owner
             mine = first[start:end]
             self.calibrator(proposals.names[owner]).record(raw[mine], depths[mine], right[start:end])
 
@@ -275,16 +275,6 @@ class DraftGrader:
         keep = decided[order]
         ranks = np.arange(1, order.shape[0] + 1)[keep]
         self.ranks.record(ranks, full.probs[order[keep]], confirmed[order[keep]])
-
-
-def _owner_runs(owners: np.ndarray) -> list[tuple[int, int, int]]:
-    """(owner, start, end) of each run of equal values in ``owners`` (m,), sorted by owner."""
-    if not owners.size:
-        return []
-    cuts = np.flatnonzero(owners[1:] != owners[:-1]) + 1
-    starts = np.concatenate(([0], cuts)).tolist()
-    ends = np.concatenate((cuts, [owners.shape[0]])).tolist()
-    return [(int(owners[a]), a, b) for a, b in zip(starts, ends)]
 
 
 @numba.njit(cache=True, nogil=True)
