@@ -143,14 +143,8 @@ class TreeModel:
                 return self._seeded_prefill(seeded)
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         self.cache = self._fresh_cache()
-        out = self.model(
-            input_ids=input_ids.to(self.device),
-            **({"attention_mask": mask.to(self.device)} if padded else {}),
-            **self.layout.position_kwargs(positions.to(self.device)),
-            **self.layout.cache_kwargs(self.cache),
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        out = self._run(self.cache, input_ids.to(self.device), positions.to(self.device),
+                        mask.to(self.device) if padded else None, last_only=True)
         self.pools = pooled(self.cache)  # every layer's rows in one tensor from here on, once per call
         self.slots = RowSlots(mask.numpy().astype(bool), positions.numpy().astype(np.int64))
         return out.logits[:, -1].float()
@@ -229,16 +223,7 @@ class TreeModel:
             allowed[:, np.arange(width), cached + np.arange(width)] |= dead
             mask = layout.masks(torch.from_numpy(allowed).to(device), positions_t, torch.from_numpy(slot_pos).to(device),
                                 self.dtype)
-        skinny = self._skinny if rows * width in self.skinny_sizes else []
-        with torch.no_grad(), skinny_linears(skinny, self.kernel_threads):
-            return self.model(
-                input_ids=tokens_t,
-                **layout.position_kwargs(positions_t),
-                **({"attention_mask": mask} if mask is not None else {}),
-                **layout.cache_kwargs(cache),
-                use_cache=True,
-                logits_to_keep=1,
-            )
+        return self._run(cache, tokens_t, positions_t, mask, size=rows * width, last_only=True)
 
     def verifiable(self, tree: DraftTree) -> DraftTree:
         """``tree`` as this model can score it (``AttentionLayout.verifiable``)."""
@@ -273,18 +258,27 @@ class TreeModel:
         float32, W = the largest tree; row i's entries past ``trees[i].size`` belong to dead
         slots and mean nothing. Afterwards the cache holds T + W slots until ``keep`` trims it."""
         rows, width = packed.positions.shape
-        skinny = self._skinny if rows * width in self.skinny_sizes else []
         grouped = self._sdpa_configs if self.grouped_attention and packed.grouped else []
-        with tree_attention(grouped), skinny_linears(skinny, self.kernel_threads):
-            out = self.model(
-                input_ids=packed.tokens,
-                **self.layout.position_kwargs(packed.position_ids),
-                **({"attention_mask": packed.mask} if packed.mask is not None else {}),
-                **self.layout.cache_kwargs(self.cache),
-                use_cache=True,
-            )
+        out = self._run(self.cache, packed.tokens, packed.position_ids, packed.mask, size=rows * width, grouped=grouped)
         self.slots.open(packed.positions)
         return out.logits.float()
+
+    def _run(self, cache, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+             size: int | None = None, grouped: list = (), last_only: bool = False):
+        """The model's forward over ``tokens`` (B, c) at ``positions`` on ``cache``, with ``mask`` (None:
+        the model's own causal one); through the skinny matmul when ``size`` (rows x width) is one
+        of ``skinny_sizes``, through grouped tree attention for the ``grouped`` configs; logits of
+        the last position only with ``last_only``."""
+        skinny = self._skinny if size in self.skinny_sizes else []
+        with torch.no_grad(), tree_attention(list(grouped)), skinny_linears(skinny, self.kernel_threads):
+            return self.model(
+                input_ids=tokens,
+                **self.layout.position_kwargs(positions),
+                **({"attention_mask": mask} if mask is not None else {}),
+                **self.layout.cache_kwargs(cache),
+                use_cache=True,
+                **({"logits_to_keep": 1} if last_only else {}),
+            )
 
     def keep(self, nodes: list[np.ndarray]) -> None:
         """Keep, per row, the KV rows of tree ``nodes[i]`` (increasing, starting with root 0,
