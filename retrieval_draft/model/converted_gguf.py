@@ -15,9 +15,14 @@ read those folders (about 1 s). ``key`` names the file by its resolved path,
 size and modification time, so a replaced file is converted again.
 
 Each part is saved into a temp folder beside its final name, fsynced, and
-renamed into place, so a folder that exists is complete; when two processes
-convert at once, the second rename fails and its copy is dropped. An
-unwritable cache is skipped (the next load parses the GGUF file again).
+renamed into place, so a folder that exists is complete. Processes that load
+the same file at once take turns (``conversion_turn``: an exclusive ``flock``
+on a lock file beside the folder, released by the kernel if its holder dies):
+one converts, the others wait and then read what it kept, instead of parsing
+and converting the file again each (a server's workers, or a test run's, all
+starting on a fresh machine). Should two copies still be made, the second
+rename fails and that copy is dropped. An unwritable cache is skipped (the
+next load parses the GGUF file again).
 Disk: the float32 weights, 4 bytes per parameter (about 0.5 GB for
 SmolLM2-135M, 1.1 GB for Gemma-3-270M); deleting the folder costs one slow load.
 """
@@ -43,6 +48,7 @@ if TYPE_CHECKING:
     import torch
 
 PARTS = ("model", "tokenizer")
+LOCK_SUFFIX = ".lock"
 CONVERSION_LOCK = threading.Lock()  # one conversion at a time in a process: ``one_parse`` swaps a name
 
 
@@ -99,6 +105,34 @@ def _plain_reader(reader_class: type) -> type:
     return PlainArrayReader
 
 
+@contextmanager
+def conversion_turn(gguf: str):
+    """This process's turn to convert ``gguf``: holds an exclusive ``flock`` on
+    ``<cache>/gguf-converted/<key>.lock`` for the block, waiting while another process (or
+    thread) holds it. Without a writable cache, or where ``fcntl`` is missing, the block runs
+    without a lock (two copies may then be made, and the second is dropped)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        fcntl = None
+    folder = _key_folder(gguf)
+    handle = None
+    if fcntl is not None and folder is not None:
+        try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            handle = os.open(str(folder) + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:
+            if handle is not None:
+                os.close(handle)
+            handle = None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            os.close(handle)  # releases the lock
+
+
 def converted_part(gguf: str, part: str) -> Path | None:
     """The complete saved ``part`` (one of ``PARTS``) of GGUF file ``gguf``, or None if not kept yet."""
     folder = _folder(gguf, part)
@@ -150,9 +184,16 @@ def _folder(gguf: str, part: str) -> Path | None:
     """Where ``part`` of ``gguf`` is kept (None when the file cannot be read)."""
     if part not in PARTS:
         raise ValueError(f"part must be one of {PARTS}, got {part!r}")
+    folder = _key_folder(gguf)
+    return None if folder is None else folder / part
+
+
+def _key_folder(gguf: str) -> Path | None:
+    """``<cache>/gguf-converted/<key>``, the folder of ``gguf``'s kept parts (None when the file
+    cannot be read): the key hashes the file's resolved path, size and modification time."""
     try:
         status = os.stat(gguf)
     except OSError:
         return None
     key = f"{os.path.realpath(gguf)}|{status.st_size}|{status.st_mtime_ns}"
-    return cache_root() / "gguf-converted" / hashlib.sha256(key.encode("utf-8")).hexdigest()[:32] / part
+    return cache_root() / "gguf-converted" / hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]

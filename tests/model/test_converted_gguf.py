@@ -1,12 +1,13 @@
 """A GGUF file's converted parts are kept whole or not at all, once, under the file's own key."""
 
 import os
+import threading
 
 import numpy as np
 import pytest
 
 from retrieval_draft.cache_dir import CACHE_ENV
-from retrieval_draft.model.converted_gguf import converted_part, keep_part
+from retrieval_draft.model.converted_gguf import conversion_turn, converted_part, keep_part
 
 
 class _Saves:
@@ -107,3 +108,33 @@ def test_one_parse_gives_every_reader_of_the_file_the_same_parse_and_puts_the_na
     with pytest.raises(RuntimeError), one_parse(file):
         raise RuntimeError("a failed load")
     assert (gguf_package.GGUFReader, gguf_package.get_tensor_name_map) == (reader_class, name_map)
+
+
+def test_a_second_loader_waits_for_the_first_conversion_then_finds_it_kept(gguf):
+    """Two loaders of one file (threads here: each opens the lock file itself, so ``flock`` treats
+    them as two processes): the second enters its turn only after the first has kept the part."""
+    seen = []
+
+    def second() -> None:
+        with conversion_turn(gguf):
+            seen.append(converted_part(gguf, "tokenizer"))
+
+    with conversion_turn(gguf):
+        waiting = threading.Thread(target=second)
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive() and seen == []  # it waits while the first converts
+        keep_part(gguf, "tokenizer", _Saves("first"))
+    waiting.join(10)
+    assert not waiting.is_alive() and seen == [converted_part(gguf, "tokenizer")] and seen[0] is not None
+
+
+def test_an_unreadable_file_or_unwritable_cache_takes_its_turn_without_a_lock(gguf, tmp_path, monkeypatch):
+    with conversion_turn(str(tmp_path / "missing.gguf")):
+        pass
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(CACHE_ENV, str(blocker / "cache"))
+    with conversion_turn(gguf):
+        with conversion_turn(gguf):  # no lock taken, so no wait
+            pass
