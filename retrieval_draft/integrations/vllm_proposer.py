@@ -21,7 +21,9 @@ it does not know), read once when vLLM builds the proposer:
   ``os.pathsep``; opened and verified once per worker process, checked against the model's
   vocabulary and tokenizer.
 - ``RETRIEVAL_DRAFT_VLLM_DRAFTERS``: comma-separated drafter names of the registry (default:
-  ``prompt``, ``ngram`` and ``suffix`` per store when there are stores, ``history``).
+  ``prompt``, ``ngram`` and ``suffix`` per store when there are stores, ``history``); the store
+  kinds (``ngram``, ``suffix``) are asked for a request only where the others draft nothing
+  (``RequestChains``'s fallbacks).
 - ``RETRIEVAL_DRAFT_VLLM_MIN_PROB``: a chain stops where its calibrated path probability falls
   below this (default 0: the step cost decides).
 - ``RETRIEVAL_DRAFT_VLLM_STEP_COST``: ``OVERHEAD,PER_TOKEN``, the prior shape of a speculative
@@ -43,7 +45,7 @@ import numpy as np
 from retrieval_draft.draft import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
-from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
+from retrieval_draft.drafters.registry import STORE_DRAFTERS, DraftSources, default_names, known_names, make_drafters
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.integrations.request_chains import RequestChains
 from retrieval_draft.integrations.step_cost import CostShape, StepCost
@@ -99,17 +101,21 @@ def _step_cost(raw: str) -> CostShape | None:
     return CostShape(overhead, per_token)
 
 
-def proposer_drafters(settings: ProposerSettings, vocab_size: int, tokenizer=None) -> list[Drafter]:
-    """The drafters ``settings`` name: its stores opened once per process (``open_checked_stores``:
-    verified, and checked against ``vocab_size`` and, given, ``tokenizer``) and a fresh output
-    history of this process."""
+def proposer_drafters(settings: ProposerSettings, vocab_size: int, tokenizer=None) -> tuple[list[Drafter], list[Drafter]]:
+    """(the request's own drafters, the store drafters asked only where those draft nothing) that
+    ``settings`` name: its stores opened once per process (``open_checked_stores``: verified, and
+    checked against ``vocab_size`` and, given, ``tokenizer``) and a fresh output history of this
+    process."""
     stores = ()
     if settings.datastores:
         from retrieval_draft.drafters.datastore import open_checked_stores  # the store readers need datrie
 
         stores = open_checked_stores(list(settings.datastores), vocab_size=vocab_size, tokenizer=tokenizer)
     sources = DraftSources(stores=stores, history=HistoryDrafter())
-    return make_drafters(settings.drafters or default_names(sources), sources)
+    names = known_names(settings.drafters or default_names(sources))
+    own = [name for name in names if name not in STORE_DRAFTERS]
+    fallbacks = [name for name in names if name in STORE_DRAFTERS]
+    return (make_drafters(own, sources) if own else []), (make_drafters(fallbacks, sources) if fallbacks else [])
 
 
 def warm_up(drafters: Sequence[Drafter]) -> None:
@@ -149,13 +155,15 @@ class RetrievalDraftProposer:
         k = int(vllm_config.speculative_config.num_speculative_tokens)
         if settings.datastores and tokenizer is None:
             tokenizer = _model_tokenizer(model_config)
-        drafters = proposer_drafters(settings, int(model_config.get_vocab_size()), tokenizer)
-        warm_up(drafters)
+        drafters, fallbacks = proposer_drafters(settings, int(model_config.get_vocab_size()), tokenizer)
+        warm_up([*drafters, *fallbacks])
         self.settings = settings
         cost = None if settings.step_cost is None else StepCost(settings.step_cost, prior_span=k)
-        self.chains = RequestChains(drafters, k, int(model_config.max_model_len), settings.min_prob, cost=cost)
-        LOG.info("retrieval-draft proposer: %d tokens per chain, drafters %s, min_prob %.3g, step cost prior %s",
-                 k, ", ".join(d.name for d in drafters), settings.min_prob, settings.step_cost)
+        self.chains = RequestChains(drafters, k, int(model_config.max_model_len), settings.min_prob, cost=cost,
+                                    fallbacks=fallbacks)
+        LOG.info("retrieval-draft proposer: %d tokens per chain, drafters %s, fallbacks %s, min_prob %.3g, step cost prior %s",
+                 k, ", ".join(d.name for d in drafters), ", ".join(d.name for d in fallbacks) or "none",
+                 settings.min_prob, settings.step_cost)
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
                 slot_mappings=None) -> list[list[int]]:

@@ -15,8 +15,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from retrieval_draft.draft import Draft, Drafter
+from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.errors import InvalidInputError
-from retrieval_draft.integrations.request_chains import best_path
+from retrieval_draft.integrations.request_chains import RequestChains, best_path
 from retrieval_draft.integrations.step_cost import (
     ChainCorrection, CostShape, StepClock, StepCost, choose_lengths,
 )
@@ -193,10 +195,34 @@ def test_a_datastore_drafts_for_the_requests(tmp_path):
     build([str(tmp_path / "doc.txt")], tmp_path / "store", tokenizer, progress=False)
     settings = ProposerSettings(datastores=(str(tmp_path / "store"),), min_prob=0.0, step_cost=None)
     proposer_ = RetrievalDraftProposer(vllm_config(), settings, tokenizer=tokenizer)
-    assert [drafter.name for drafter in proposer_.chains.drafters] == ["prompt", "ngram", "suffix", "history"]
+    chains = proposer_.chains
+    assert [drafter.name for drafter in chains.drafters[: chains.first]] == ["prompt", "history"]
+    assert [drafter.name for drafter in chains.drafters[chains.first:]] == ["ngram", "suffix"]  # the fallbacks
     ids = tokenizer("h a b")["input_ids"]
     drafts, _ = first_step(proposer_, [ids], [tokenizer.convert_tokens_to_ids("c")])
-    assert tokenizer.convert_ids_to_tokens(drafts[0]) == ["d", "e", "f", "g"]
+    assert tokenizer.convert_ids_to_tokens(drafts[0]) == ["d", "e", "f", "g"]  # the request's own text has none
+
+
+class CountingDrafter(Drafter):
+    """Always drafts ``tokens``; counts the calls."""
+
+    def __init__(self, name: str, tokens: list[int]) -> None:
+        self.name, self.tokens, self.calls = name, tokens, 0
+
+    def propose(self, context, max_len):
+        self.calls += 1
+        return [Draft(np.array(self.tokens[:max_len]), np.full(min(len(self.tokens), max_len), 0.99))]
+
+
+def test_fallback_drafters_are_asked_only_where_the_requests_own_drafters_give_nothing():
+    store = CountingDrafter("store", [90, 91, 92, 93])
+    chains = RequestChains([PromptLookupDrafter()], K, MAX_MODEL_LEN, fallbacks=[store])
+    batch = Batch()
+    batch.set([BLOCK + [50, 51] + BLOCK[:2]])  # the request's own text continues its block
+    assert batch.step(chains, [[BLOCK[2]]]) == [BLOCK[3:7]]
+    assert store.calls == 0  # prompt lookup drafted: the store was not asked
+    assert batch.step(chains, [[77]]) == [[90, 91, 92, 93]]  # nothing of its own follows 77
+    assert store.calls == 1
 
 
 def test_the_proposer_imports_no_vllm_and_the_core_never_imports_it():
