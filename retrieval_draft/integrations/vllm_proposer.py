@@ -45,7 +45,7 @@ import numpy as np
 from retrieval_draft.draft import Drafter
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
-from retrieval_draft.drafters.registry import STORE_DRAFTERS, DraftSources, default_names, known_names, make_drafters
+from retrieval_draft.drafters.registry import STORE_DRAFTERS, DraftSources, default_names, make_drafters
 from retrieval_draft.errors import InvalidInputError
 from retrieval_draft.integrations.request_chains import RequestChains
 from retrieval_draft.integrations.step_cost import CostShape, StepCost
@@ -112,8 +112,8 @@ def proposer_drafters(settings: ProposerSettings, vocab_size: int, tokenizer=Non
 
         stores = open_checked_stores(list(settings.datastores), vocab_size=vocab_size, tokenizer=tokenizer)
     sources = DraftSources(stores=stores, history=HistoryDrafter())
-    names = known_names(settings.drafters or default_names(sources))
-    own = [name for name in names if name not in STORE_DRAFTERS]
+    names = settings.drafters or default_names(sources)
+    own = [name for name in names if name not in STORE_DRAFTERS]  # an unknown name among them: make_drafters refuses it
     fallbacks = [name for name in names if name in STORE_DRAFTERS]
     return (make_drafters(own, sources) if own else []), (make_drafters(fallbacks, sources) if fallbacks else [])
 
@@ -156,11 +156,11 @@ class RetrievalDraftProposer:
         if settings.datastores and tokenizer is None:
             tokenizer = _model_tokenizer(model_config)
         drafters, fallbacks = proposer_drafters(settings, int(model_config.get_vocab_size()), tokenizer)
-        warm_up([*drafters, *fallbacks])
         self.settings = settings
         cost = None if settings.step_cost is None else StepCost(settings.step_cost, prior_span=k)
         self.chains = RequestChains(drafters, k, int(model_config.max_model_len), settings.min_prob, cost=cost,
                                     fallbacks=fallbacks)
+        warm_up(self.chains.drafters)
         LOG.info("retrieval-draft proposer: %d tokens per chain, drafters %s, fallbacks %s, min_prob %.3g, step cost prior %s",
                  k, ", ".join(d.name for d in drafters), ", ".join(d.name for d in fallbacks) or "none",
                  settings.min_prob, settings.step_cost)

@@ -129,23 +129,16 @@ def _load(path: str | None, parts: tuple[str, ...], attn_implementation: str = "
     the parts loaded from a GGUF file share one parse of it (``one_parse``)."""
     folder, extra = model_location(path, kind)
     gguf = os.path.join(folder, extra["gguf_file"]) if "gguf_file" in extra else None
-    sources = [_source(folder, extra, gguf, part) for part in parts]
-    if any(keep is not None for _, _, keep in sources):
-        with conversion_turn(gguf):  # one process converts; one that waited reads what it kept
-            sources = [_source(folder, extra, gguf, part) for part in parts]
-            converting = any(keep is not None for _, _, keep in sources)
-            with one_parse(gguf) if converting else contextlib.nullcontext():
-                return _parts(path, parts, sources, folder, attn_implementation)
-    return _parts(path, parts, sources, folder, attn_implementation)
-
-
-def _parts(path, parts: tuple[str, ...], sources: list, folder: str, attn_implementation: str) -> tuple:
-    """Each of ``parts`` loaded from its ``_source``."""
-    return tuple(
-        _tokenizer(path, where, kwargs, keep) if part == "tokenizer"
-        else _model(path, where, kwargs, keep, folder, attn_implementation)
-        for part, (where, kwargs, keep) in zip(parts, sources)
-    )
+    # a GGUF file's loaders take turns: one converts, one that waited finds the parts kept
+    with conversion_turn(gguf) if gguf is not None else contextlib.nullcontext():
+        sources = [_source(folder, extra, gguf, part) for part in parts]
+        converting = any(keep is not None for _, _, keep in sources)
+        with one_parse(gguf) if converting else contextlib.nullcontext():
+            return tuple(
+                _tokenizer(path, where, kwargs, keep) if part == "tokenizer"
+                else _model(path, where, kwargs, keep, folder, attn_implementation)
+                for part, (where, kwargs, keep) in zip(parts, sources)
+            )
 
 
 def _source(folder: str, extra: dict, gguf: str | None, part: str) -> tuple[str, dict, str | None]:
