@@ -235,6 +235,9 @@ class Drafter:
     prior_scale: float = 0.5
     # Whether ``tree_request`` / ``tree_receive`` want each verified tree's logits (the engines call only such drafters).
     observes_trees: bool = False
+    # The most nodes of one verified tree an observer records: those the planner rated likeliest
+    # (``DraftTree.likeliest``); None: every node.
+    max_observed_nodes: int | None = None
 
     def for_row(self, row: int) -> "Drafter":
         """The handle that serves batch row ``row`` (0 for one prompt) through one generation.
@@ -263,24 +266,26 @@ class Drafter:
         drafter): the adapter for a drafter that implements ``propose``."""
         out.extend(self.propose(context, max_len))
 
-    def tree_request(self, logits: "Sequence[torch.Tensor]") -> "torch.Tensor":
+    def tree_request(self, logits: "Sequence[torch.Tensor]", nodes: "Sequence[np.ndarray]") -> "torch.Tensor":
         """What to record of the trees just verified, computed on the model's device: shape (n, c),
-        int32 (floats as their bit patterns, ``Tensor.view(torch.int32)``), from each observed
-        tree's raw logits ``logits[i]`` (shape (n_i, V); n = the sum of the n_i, rows in that
-        order). The engine reads every request of a step in its one host read and hands each
-        tree its rows through ``tree_receive``. Called only when ``observes_trees``."""
+        int32 (floats as their bit patterns, ``Tensor.view(torch.int32)``), from the rows
+        ``nodes[i]`` (shape (m_i,), int64, ascending) of each observed tree's raw logits
+        ``logits[i]`` (shape (n_i, V)); n = the sum of the m_i, rows in that order. The engine
+        chooses ``nodes`` (``max_observed_nodes``), reads every request of a step in its one host
+        read and hands each tree its rows through ``tree_receive``. Called only when
+        ``observes_trees``."""
         import torch
 
-        return torch.empty((sum(part.shape[0] for part in logits), 0), dtype=torch.int32, device=logits[0].device)
+        return torch.empty((sum(len(chosen) for chosen in nodes), 0), dtype=torch.int32, device=logits[0].device)
 
     def tree_receive(self, tokens: np.ndarray, columns: np.ndarray) -> None:
-        """This drafter's ``tree_request`` columns (shape (n, c), int32, host) for the tree whose
-        node tokens are ``tokens`` (shape (n,), int64)."""
+        """This drafter's ``tree_request`` columns (shape (m, c), int32, host) for the observed
+        nodes of one tree, whose tokens are ``tokens`` (shape (m,), int64)."""
 
     def observe_tree(self, tokens: np.ndarray, logits: "torch.Tensor") -> None:
-        """``tree_request`` then ``tree_receive`` with a read of its own (the lazy walk on CPU, and use
-        outside the engines; the GPU path reads every request in the step's one read)."""
-        self.tree_receive(tokens, self.tree_request([logits]).numpy(force=True))
+        """``tree_request`` then ``tree_receive`` over every row of ``logits`` (shape (n, V), the
+        nodes ``tokens``, shape (n,)), with a read of its own: for use outside the engines."""
+        self.tree_receive(tokens, self.tree_request([logits], [np.arange(tokens.shape[0])]).numpy(force=True))
 
     def accept(self, new_tokens: np.ndarray) -> None:
         """Tokens just appended to the context (shape (k,), int64)."""

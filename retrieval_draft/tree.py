@@ -83,6 +83,14 @@ class DraftTree:
             return self
         return self.kept(np.argsort(-scores[1:], kind="stable")[:budget] + 1)
 
+    def likeliest(self, count: int | None) -> np.ndarray:
+        """Indices, ascending, shape (min(count, n),) int64, of the ``count`` nodes of highest
+        ``probs`` (ties to the lower index, so the root, at 1.0, is always one); every node when
+        ``count`` is None or covers the tree."""
+        if count is None or count >= self.size:
+            return np.arange(self.size)
+        return np.sort(np.argsort(-self.probs, kind="stable")[:count])
+
     def kept(self, nodes: np.ndarray) -> "DraftTree":
         """The root plus draft ``nodes`` (shape (k,), any order), which must hold each one's
         ancestors (``top``'s choice does)."""

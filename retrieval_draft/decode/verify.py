@@ -8,9 +8,10 @@ Two ways to the same verdict: ``verify_greedy`` / ``verify_sampling`` compute ea
 node's pick as the walk gets there (one host read per node, free on CPU, and only the nodes
 visited are processed); ``greedy_choices`` / ``sampling_choices`` compute every node's pick on
 the device, and ``read_verdicts`` reads them, together with whatever tree-observing drafters
-record (the recycling table's top-k, ``Drafter.tree_request``), in ONE host read
-(``transfer.to_host``) before walking the trees and handing each drafter its columns: on a GPU
-each read apart is a round trip that waits for the stream. ``verify_trees`` picks per tree: on
+record (the recycling table's top-k over each tree's likeliest nodes, ``Drafter.tree_request``),
+in ONE host read (``transfer.to_host``) before walking the trees and handing each drafter its
+columns: on a GPU each read apart is a round trip that waits for the stream (on CPU, where they
+are host arrays already, nothing is joined). ``verify_trees`` picks per tree: on
 CPU, where a logits processor or sampling is involved, the lazy walk (``walks_on_host``); plain
 greedy takes the one-read path on every device.
 
@@ -165,7 +166,7 @@ def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
     NaN as ``torch.argmax`` (the first). On CPU numpy's argmax: torch's costs ~15x more there
     over a vocabulary-wide row (40 us against 3 us at V = 49,152)."""
     if transfer.computes_on_host(scores):
-        return torch.from_numpy(np.ascontiguousarray(scores.numpy().argmax(axis=-1)).astype(np.int64))
+        return torch.from_numpy(scores.numpy().argmax(axis=-1))
     return scores.argmax(dim=-1)
 
 
@@ -281,7 +282,8 @@ def verify_trees(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
         else:
             verdicts[i] = verify_greedy(job.tree, job.logits, job.processor, prefix)
         for observer in job.observers:
-            observer.observe_tree(job.tree.tokens, job.logits)
+            nodes = job.tree.likeliest(observer.max_observed_nodes)
+            observer.tree_receive(job.tree.tokens[nodes], to_host(observer.tree_request([job.logits], [nodes])))
     if fused:
         for i, verdict in zip(fused, read_verdicts([jobs[i] for i in fused], do_sample)):
             verdicts[i] = verdict
@@ -292,9 +294,9 @@ def read_verdicts(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
     """Verify every job's tree with ONE host read; feed each job's observers from the same read.
 
     Each observer (a drafter shared by rows is one observer) computes its request once, over
-    the nodes of every tree it observes. Greedy verdicts equal ``verify_greedy``'s; sampled ones
-    equal ``verify_sampling``'s with the same generator state, which is left as
-    ``verify_sampling`` leaves it.
+    the likeliest nodes (``Drafter.max_observed_nodes``) of every tree it observes. Greedy
+    verdicts equal ``verify_greedy``'s; sampled ones equal ``verify_sampling``'s with the same
+    generator state, which is left as ``verify_sampling`` leaves it.
     """
     blocks, rewinds = [], []
     for job in jobs:
@@ -302,33 +304,42 @@ def read_verdicts(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
             choices, rewind = sampling_choices(job.tree, job.logits, job.processor, job.prefix, job.generator)
         else:
             choices, rewind = greedy_choices(job.tree, job.logits, job.processor, job.prefix), None
-        blocks.append(choices.to(torch.int32))
+        blocks.append(choices)
         rewinds.append(rewind)
     groups = _observer_groups(jobs)
-    widths = []
+    observed = []
     for observer, members in groups:
-        request = observer.tree_request([jobs[i].logits for i in members])
-        widths.append(request.shape[1])
-        blocks.append(request.reshape(-1))
-    host = to_host(blocks[0] if len(blocks) == 1 else torch.cat(blocks))
-    sizes = [job.tree.size for job in jobs]
-    offset = sum(sizes)
-    for (observer, members), width in zip(groups, widths):
-        nodes = sum(sizes[i] for i in members)
-        columns = host[offset : offset + nodes * width].reshape(nodes, width)
-        offset += nodes * width
+        nodes = [jobs[i].tree.likeliest(observer.max_observed_nodes) for i in members]
+        blocks.append(observer.tree_request([jobs[i].logits for i in members], nodes))
+        observed.append(nodes)
+    host = _read_together(blocks, host_arrays=all(transfer.computes_on_host(job.logits) for job in jobs))
+    for (observer, members), nodes, columns in zip(groups, observed, host[len(jobs) :]):
         row = 0
-        for i in members:
-            observer.tree_receive(jobs[i].tree.tokens, columns[row : row + sizes[i]])
-            row += sizes[i]
-    verdicts, start = [], 0
-    for job, rewind, size in zip(jobs, rewinds, sizes):
-        verdict = walk(job.tree, host[start : start + size])
-        start += size
+        for i, chosen in zip(members, nodes):
+            observer.tree_receive(jobs[i].tree.tokens[chosen], columns[row : row + chosen.shape[0]])
+            row += chosen.shape[0]
+    verdicts = []
+    for job, rewind, picks in zip(jobs, rewinds, host):
+        verdict = walk(job.tree, picks)
         if rewind is not None:
             rewind(int(verdict.accepted.shape[0]))
         verdicts.append(verdict)
     return verdicts
+
+
+def _read_together(blocks: Sequence[torch.Tensor], host_arrays: bool) -> list[np.ndarray]:
+    """Each of ``blocks`` (integer tensors, int32 where wider values are not needed past the
+    read) on the host: views where the tensors are host arrays already (``host_arrays``: on
+    CPU, ``transfer.computes_on_host``), else ONE read (``transfer.to_host``) of all of them
+    flattened to int32 and laid end to end, split back into their shapes."""
+    if host_arrays:
+        return [block.numpy() for block in blocks]
+    host = to_host(torch.cat([block.reshape(-1).to(torch.int32) for block in blocks]))
+    arrays, start = [], 0
+    for block in blocks:
+        arrays.append(host[start : start + block.numel()].reshape(block.shape))
+        start += block.numel()
+    return arrays
 
 
 def _observer_groups(jobs: Sequence[TreeJob]) -> list[tuple[Drafter, list[int]]]:

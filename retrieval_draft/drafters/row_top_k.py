@@ -111,16 +111,18 @@ def _group_maxima(row: np.ndarray, groups: np.ndarray, spare: np.ndarray) -> Non
 
 
 @numba.njit(cache=True, nogil=True)
-def _scan(values, k, ids, best, log_norm, scratch) -> None:
-    """Row by row (each read from memory once, then from cache): group maxima, the k largest
-    entries, the log-normaliser."""
-    rows, width = values.shape
+def _scan(values, rows, k, ids, best, log_norm, scratch) -> None:
+    """Row by row, the rows ``rows`` (m,) of ``values`` (each read from memory once, then from
+    cache): group maxima, the k largest entries, the log-normaliser, into output row i for
+    ``rows[i]``."""
+    width = values.shape[1]
     stride = width // BLOCK  # group g < stride holds entries g, g + stride, ...; the tail is one more group
     count = stride + (1 if stride * BLOCK < width else 0)
     groups = np.empty(count, np.float32)
     spare = np.empty(count, np.float32)
-    for r in range(rows):
-        _group_maxima(values[r], groups, spare)
+    for r in range(rows.shape[0]):
+        row = values[rows[r]]
+        _group_maxima(row, groups, spare)
         floor = _kth_largest(groups, k)
         for i in range(k):
             best[r, i] = -np.inf
@@ -130,36 +132,43 @@ def _scan(values, k, ids, best, log_norm, scratch) -> None:
                 continue
             first, last, step = (g, g + stride * BLOCK, stride) if g < stride else (stride * BLOCK, width, 1)
             for j in range(first, last, step):
-                v = values[r, j]
+                v = row[j]
                 if v > best[r, k - 1] or (v == best[r, k - 1] and j < ids[r, k - 1]):
                     _insert(k, r, j, v, ids, best)
         peak = best[r, 0]
-        log_norm[r] = peak + np.log(_exp_sum(values[r], peak, scratch)) if np.isfinite(peak) else np.nan
+        log_norm[r] = peak + np.log(_exp_sum(row, peak, scratch)) if np.isfinite(peak) else np.nan
 
 
-def top_k_rows(values: "np.ndarray | Sequence[np.ndarray]", k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def top_k_rows(
+    values: "np.ndarray | Sequence[np.ndarray]", k: int, rows: "Sequence[np.ndarray] | None" = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row's k largest entries and its log-normaliser.
 
     Args:
         values: (n, V) float32 logits, V >= k; or a sequence of (n_i, V) arrays, taken as their
-            rows in order (n = the sum of the n_i), never joined.
+            rows in order, never joined.
         k: entries kept per row.
+        rows: per array of ``values``, the indices (m_i,) of the rows to scan, in the order
+            wanted (None: every row); the other rows are never read.
 
     Returns:
-        ids (n, k) int64, largest first (ties: lower index first; NaN entries are never chosen,
-        and a row with fewer than k other entries holds V in the slots left over); their values
-        (n, k) float32; log(sum(exp(row))) (n,) float64 (NaN for a row with no finite entry).
+        for the m = sum m_i rows scanned: ids (m, k) int64, largest first (ties: lower index
+        first; NaN entries are never chosen, and a row with fewer than k other entries holds V in
+        the slots left over); their values (m, k) float32; log(sum(exp(row))) (m,) float64 (NaN
+        for a row with no finite entry).
     """
     parts = [values] if isinstance(values, np.ndarray) else list(values)
-    rows = sum(part.shape[0] for part in parts)
-    ids = np.empty((rows, k), dtype=np.int64)
-    best = np.empty((rows, k), dtype=np.float32)
-    log_norm = np.empty(rows, dtype=np.float64)
+    chosen = [np.arange(part.shape[0]) for part in parts] if rows is None else [np.asarray(r, np.int64) for r in rows]
+    count = sum(r.shape[0] for r in chosen)
+    ids = np.empty((count, k), dtype=np.int64)
+    best = np.empty((count, k), dtype=np.float32)
+    log_norm = np.empty(count, dtype=np.float64)
     scratch = np.empty(parts[0].shape[1], dtype=np.float32)
     start = 0
-    for part in parts:
-        part = np.ascontiguousarray(part, dtype=np.float32)
-        end = start + part.shape[0]
-        _scan(part, k, ids[start:end], best[start:end], log_norm[start:end], scratch)
+    for part, picked in zip(parts, chosen):
+        if not (part.flags.c_contiguous and part.dtype == np.float32):
+            part, picked = np.ascontiguousarray(part[picked], dtype=np.float32), np.arange(picked.shape[0])
+        end = start + picked.shape[0]
+        _scan(part, picked, k, ids[start:end], best[start:end], log_norm[start:end], scratch)
         start = end
     return ids, best, log_norm

@@ -133,7 +133,8 @@ class TreePlanner:
         candidates = []
         if self.sizer.cost is not None:
             candidates = list(zip(fulls, orders))
-            ranked = [probs * self.grader.ranks.factors(probs.shape[0]) for probs in ranked]
+            factors = self.grader.ranks.factors(max(probs.shape[0] for probs in ranked))
+            ranked = [probs * factors[: probs.shape[0]] for probs in ranked]
         probing = self.sizer.probe_forward(ranked)
         budget = probing.tokens - 1 if probing is not None else self.sizer.width(ranked, cache_len)
         trees = [full if budget + 1 >= full.size else full.kept(order[:budget]) for full, order in zip(fulls, orders)]

@@ -82,3 +82,14 @@ def test_draft_probabilities_outside_zero_one_are_rejected():
         draft([1], [1.5])
     with pytest.raises(ValueError):
         draft([1, 2], [0.5])
+
+
+def test_likeliest_nodes_are_the_most_probable_in_node_order_root_first_ties_to_the_lower_index():
+    tree = build_tree(0, [Draft(np.array([1, 2, 3]), np.array([0.9, 0.5, 0.5])), Draft(np.array([4, 5]), np.array([0.9, 0.8]))],
+                      budget=10)
+    # path probabilities by node: 1.0, .9, .45, .225, .9, .72
+    np.testing.assert_allclose(tree.probs, [1.0, 0.9, 0.45, 0.225, 0.9, 0.72])
+    assert tree.likeliest(3).tolist() == [0, 1, 4]
+    assert tree.likeliest(4).tolist() == [0, 1, 4, 5]
+    assert tree.likeliest(1).tolist() == [0]
+    assert tree.likeliest(None).tolist() == tree.likeliest(6).tolist() == tree.likeliest(60).tolist() == list(range(6))

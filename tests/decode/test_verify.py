@@ -1,12 +1,14 @@
 """Greedy verification on hand-made logits."""
 
 import numpy as np
+import pytest
 import torch
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from retrieval_draft.tree import build_tree
-from retrieval_draft.decode.verify import verify_greedy
-from retrieval_draft.draft import Draft
+from retrieval_draft.decode.verify import TreeJob, verify_greedy, verify_trees
+from retrieval_draft.draft import Draft, Drafter
+from retrieval_draft.model import transfer
 
 VOCAB = 10
 
@@ -70,3 +72,38 @@ def test_processor_sees_each_nodes_own_prefix():
     # below it the prefix holds a 3, so 4 wins and the second draft is rejected.
     assert verdict.accepted.tolist() == [1]
     assert verdict.bonus == 4
+
+
+class RowRecorder(Drafter):
+    """An observer that records, for each tree, the tokens it is handed and the first two
+    logits of the rows it asked for (their float bit patterns as its columns)."""
+
+    name = "recorder"
+    observes_trees = True
+    max_observed_nodes = 3
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[list[int], np.ndarray]] = []
+
+    def tree_request(self, logits, nodes):
+        rows = torch.cat([part[torch.from_numpy(chosen)] for part, chosen in zip(logits, nodes)])
+        return rows[:, :2].contiguous().view(torch.int32)
+
+    def tree_receive(self, tokens, columns):
+        self.seen.append((tokens.tolist(), columns.view(np.float32).copy()))
+
+
+@pytest.mark.parametrize("route", ["one read on the host", "one read on a device", "node by node"])
+def test_every_route_hands_an_observer_the_likeliest_nodes_and_their_own_rows(route, monkeypatch):
+    tree = build_tree(0, [Draft(np.array([1, 2, 3]), np.array([0.9, 0.5, 0.5])),
+                          Draft(np.array([4, 5]), np.array([0.9, 0.8]))], budget=10)
+    logits = torch.randn(tree.size, 12, generator=torch.Generator().manual_seed(0))
+    if route == "one read on a device":
+        monkeypatch.setattr(transfer, "computes_on_host", lambda _: False)
+    recorder = RowRecorder()
+    job = TreeJob(tree, logits, np.arange(4), generator=torch.Generator().manual_seed(1), observers=[recorder])
+    verify_trees([job], do_sample=route == "node by node")
+    (tokens, rows), = recorder.seen
+    likeliest = [0, 1, 4]  # path probabilities 1.0, .9, .45, .225, .9, .72
+    assert tokens == tree.tokens[likeliest].tolist()
+    np.testing.assert_array_equal(rows, logits[likeliest, :2].numpy())
