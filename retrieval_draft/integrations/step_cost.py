@@ -15,7 +15,7 @@ shown every kind of step and where it never will (a proposer that never drafts n
 drafting costs; the prior says). ``choose_lengths`` then cuts each request's chain where the
 expected tokens per second of the whole step peak.
 
-Pure numpy; no engine imported.
+No engine imported (numpy, and the engine's own rank correction).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+from retrieval_draft.planning.calibration import RankCorrection
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ def choose_lengths(expected: Sequence[np.ndarray], shape: CostShape, iterations:
     return best_lengths
 
 
-CHAIN_BANDS = np.array([0, 1, 2, 4, 8])  # band b holds chain positions (0-based) in [CHAIN_BANDS[b], CHAIN_BANDS[b + 1])
+CHAIN_BANDS = np.array([1, 2, 3, 5, 9])  # band b holds chain positions (1 = the first token sent) in [CHAIN_BANDS[b], CHAIN_BANDS[b + 1])
 
 
 class ChainCorrection:
@@ -177,9 +179,10 @@ class ChainCorrection:
 
     A chain is the best of many drafters' alternatives, each probability an estimate; the best of
     several estimates is biased high (the winner's curse), the more so the more drafters compete
-    (a corpus store's drafts beside prompt lookup's). Per band of chain positions this keeps
-    decayed sums of the probability the sent tokens were given and of the tokens accepted, and
-    ``scale`` multiplies a chain's path probabilities by their ratio before its length is chosen.
+    (a corpus store's drafts beside prompt lookup's). Per band of chain positions ``ranks`` (a
+    ``RankCorrection``, the engine's correction of a tree's ranks, here over a chain's positions)
+    keeps decayed sums of the probability the sent tokens were given and of the tokens accepted,
+    and ``scale`` multiplies a chain's path probabilities by their ratio before its length is chosen.
 
     Args:
         prior_weight: pseudo-tokens behind the prior ratio of 1.
@@ -188,30 +191,16 @@ class ChainCorrection:
     """
 
     def __init__(self, prior_weight: float = 4.0, decay: float = 0.99, bounds: tuple[float, float] = (0.1, 1.5)) -> None:
-        self.prior_weight = prior_weight
-        self.decay = decay
-        self.bounds = bounds
-        self.promised = np.zeros(CHAIN_BANDS.shape[0])
-        self.delivered = np.zeros(CHAIN_BANDS.shape[0])
-
-    def factors(self, length: int) -> np.ndarray:
-        """(length,) the correction of chain positions 0..length-1."""
-        w = self.prior_weight
-        ratio = np.clip((self.delivered + w) / (self.promised + w), *self.bounds)
-        return ratio[np.searchsorted(CHAIN_BANDS, np.arange(length), side="right") - 1]
+        self.ranks = RankCorrection(prior_weight, decay, bounds, CHAIN_BANDS)
 
     def scale(self, probs: np.ndarray) -> np.ndarray:
         """``probs`` (m,), a chain's path probabilities, corrected (kept non-increasing and <= 1)."""
         if not probs.shape[0]:
             return probs
-        return np.minimum.accumulate(np.minimum(probs * self.factors(probs.shape[0]), 1.0))
+        return np.minimum.accumulate(np.minimum(probs * self.ranks.factors(probs.shape[0]), 1.0))
 
     def record(self, probs: np.ndarray, accepted: int) -> None:
         """One chain sent with path probabilities ``probs`` (m,, as given, before ``scale``), of which the
         first ``accepted`` tokens were accepted."""
-        self.promised *= self.decay
-        self.delivered *= self.decay
-        bands = np.searchsorted(CHAIN_BANDS, np.arange(probs.shape[0]), side="right") - 1
-        size = CHAIN_BANDS.shape[0]
-        self.promised += np.bincount(bands, weights=probs, minlength=size)
-        self.delivered += np.bincount(bands, weights=(np.arange(probs.shape[0]) < accepted).astype(np.float64), minlength=size)
+        positions = np.arange(probs.shape[0])
+        self.ranks.record(positions + 1, probs, positions < accepted)

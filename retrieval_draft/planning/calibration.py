@@ -111,11 +111,6 @@ def _record(trials, hits, edges, depth_edges, raw, depths, right) -> None:  # pr
             hits[band, bucket] += 1.0
 
 
-def rank_bands(ranks: np.ndarray) -> np.ndarray:
-    """The band (index into ``RANK_BANDS``) of each rank (1 = a tree's most probable draft node)."""
-    return np.searchsorted(RANK_BANDS, ranks, side="right") - 1
-
-
 class RankCorrection:
     """What the merged tree's r-th most probable node delivers against what its probability promised.
 
@@ -132,20 +127,29 @@ class RankCorrection:
         prior_weight: pseudo-tokens of probability behind the prior ratio of 1.
         decay: factor applied to the sums once per ``record`` (one per step and row).
         bounds: the ratio is clipped to this range.
+        edges: (b,) increasing ranks, band i holding ranks in [edges[i], edges[i + 1]) (the last
+            band: from its edge on); default ``RANK_BANDS``. The vLLM route keeps one over the
+            positions of the chains it sends (``integrations.step_cost.ChainCorrection``).
     """
 
-    def __init__(self, prior_weight: float = 2.0, decay: float = 0.995, bounds: tuple[float, float] = (0.05, 2.0)) -> None:
+    def __init__(self, prior_weight: float = 2.0, decay: float = 0.995, bounds: tuple[float, float] = (0.05, 2.0),
+                 edges: np.ndarray = RANK_BANDS) -> None:
         self.prior_weight = prior_weight
         self.decay = decay
         self.bounds = bounds
-        self.promised = np.zeros(RANK_BANDS.shape[0])
-        self.delivered = np.zeros(RANK_BANDS.shape[0])
+        self.edges = edges
+        self.promised = np.zeros(edges.shape[0])
+        self.delivered = np.zeros(edges.shape[0])
+
+    def bands(self, ranks: np.ndarray) -> np.ndarray:
+        """The band (index into ``edges``) of each rank (1 = a tree's most probable draft node)."""
+        return np.searchsorted(self.edges, ranks, side="right") - 1
 
     def factors(self, count: int) -> np.ndarray:
         """(count,) the correction of ranks 1..count."""
         w = self.prior_weight
         ratio = np.clip((self.delivered + w) / (self.promised + w), *self.bounds)
-        return ratio[rank_bands(np.arange(1, count + 1))]
+        return ratio[self.bands(np.arange(1, count + 1))]
 
     def record(self, ranks: np.ndarray, probs: np.ndarray, confirmed: np.ndarray) -> None:
         """One tree's decided draft nodes: ``ranks`` (n,) each node's place by decreasing probability
@@ -153,7 +157,7 @@ class RankCorrection:
         planner gave it, ``confirmed`` (n,) bool whether the model's tokens confirmed it."""
         self.promised *= self.decay
         self.delivered *= self.decay
-        bands = rank_bands(ranks)
-        size = RANK_BANDS.shape[0]
+        bands = self.bands(ranks)
+        size = self.edges.shape[0]
         self.promised += np.bincount(bands, weights=probs, minlength=size)
         self.delivered += np.bincount(bands, weights=confirmed.astype(np.float64), minlength=size)

@@ -346,6 +346,6 @@ def test_the_proposer_records_what_its_chains_delivered():
     drafts, batch = first_step(proposer_, [BLOCK * 3 + BLOCK[:2]], [BLOCK[2]])
     assert drafts[0] == BLOCK[3: 3 + K]
     batch.step(proposer_, [drafts[0][:1] + [99]])  # one accepted, then the model's own token
-    correction = proposer_.chains.correction
+    correction = proposer_.chains.correction.ranks
     assert correction.promised[:2].sum() > 0 and correction.delivered[0] == pytest.approx(1.0)
     assert correction.delivered[1:].sum() == 0
