@@ -93,7 +93,7 @@ class RecyclingDrafter(Drafter):
         width = min(parts[0].shape[1], self.vocab_size)
         ids, values, log_norm = top_k_rows([part[:, :width] for part in parts], self.k, nodes)
         columns = np.empty((ids.shape[0], 2 * self.k), dtype=np.int32)
-        _fill_columns(ids, values, log_norm, width, columns[:, : self.k], columns[:, self.k :].view(np.float32))
+        _fill_columns(ids, values, log_norm, width, columns, columns.view(np.float32))
         return columns
 
     def tree_receive(self, tokens: np.ndarray, columns: np.ndarray) -> None:
@@ -139,15 +139,17 @@ class RecyclingDrafter(Drafter):
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill_columns(ids, values, log_norm, width, out_ids, out_probs):  # pragma: no cover - compiled
-    """``top_k_rows``' output (ids, values (m, k), log_norm (m,)) as the table's columns:
-    ``out_ids`` (m, k) int32, EMPTY where a NaN row left a slot unfilled (id ``width``), and
-    ``out_probs`` (m, k) float32 probabilities, 0 where not finite (a row of NaN)."""
+def _fill_columns(ids, values, log_norm, width, columns, bits):  # pragma: no cover - compiled
+    """``top_k_rows``' output (ids, values (m, k), log_norm (m,)) as the table's columns
+    ``columns`` (m, 2k) int32: the k ids, EMPTY where a NaN row left a slot unfilled (id
+    ``width``), then the k probabilities, written through ``bits``, the same memory as float32,
+    0 where not finite (a row of NaN)."""
+    k = ids.shape[1]
     for r in range(ids.shape[0]):
-        for j in range(ids.shape[1]):
-            out_ids[r, j] = ids[r, j] if ids[r, j] < width else EMPTY
+        for j in range(k):
+            columns[r, j] = ids[r, j] if ids[r, j] < width else EMPTY
             prob = np.exp(np.float64(values[r, j]) - log_norm[r])
-            out_probs[r, j] = prob if np.isfinite(prob) else 0.0
+            bits[r, k + j] = prob if np.isfinite(prob) else 0.0
 
 
 @numba.njit(cache=True, nogil=True)
@@ -185,7 +187,8 @@ def _best_first_leaves(successors, probs, root, max_nodes, max_len):  # pragma: 
     has_child = np.zeros(max_nodes + 1, np.bool_)
     tokens[0], parents[0], conditional[0] = root, -1, 1.0
     count = 1
-    pushed = _push_children(successors, probs, 0, root, 1.0, frontier_key, frontier_ints, frontier_cond, 0)
+    first = np.int64(0)  # typed, not a literal: one compiled _push_children serves every call
+    pushed = _push_children(successors, probs, first, root, 1.0, frontier_key, frontier_ints, frontier_cond, first)
     popped = 0
     while popped < pushed and count <= max_nodes:
         best = -1
@@ -214,7 +217,7 @@ def _best_first_leaves(successors, probs, root, max_nodes, max_len):  # pragma: 
         has_child[parent] = True
         count += 1
         if depths[node] < max_len:
-            pushed = _push_children(successors, probs, node, tokens[node], -frontier_key[best], frontier_key,
+            pushed = _push_children(successors, probs, np.int64(node), tokens[node], -frontier_key[best], frontier_key,
                                     frontier_ints, frontier_cond, pushed)
     leaves = 0
     total = 0
