@@ -282,10 +282,13 @@ class Drafter:
         """This drafter's ``tree_request`` columns (shape (m, c), int32, host) for the observed
         nodes of one tree, whose tokens are ``tokens`` (shape (m,), int64)."""
 
-    def observe_tree(self, tokens: np.ndarray, logits: "torch.Tensor") -> None:
-        """``tree_request`` then ``tree_receive`` over every row of ``logits`` (shape (n, V), the
-        nodes ``tokens``, shape (n,)), with a read of its own: for use outside the engines."""
-        self.tree_receive(tokens, self.tree_request([logits], [np.arange(tokens.shape[0])]).numpy(force=True))
+    def observe_tree(self, tokens: np.ndarray, logits: "torch.Tensor", nodes: np.ndarray | None = None) -> None:
+        """``tree_request`` then ``tree_receive`` for the rows ``nodes`` (shape (m,), int64,
+        ascending; None: every row) of one tree's ``logits`` (shape (n, V); its node tokens
+        ``tokens``, shape (n,)), with a read of its own: the node-by-node walk on CPU, and use
+        outside the engines (the one-read path reads every request of a step together)."""
+        chosen = np.arange(tokens.shape[0]) if nodes is None else nodes
+        self.tree_receive(tokens[chosen], self.tree_request([logits], [chosen]).numpy(force=True))
 
     def accept(self, new_tokens: np.ndarray) -> None:
         """Tokens just appended to the context (shape (k,), int64)."""

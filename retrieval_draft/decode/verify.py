@@ -282,8 +282,7 @@ def verify_trees(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
         else:
             verdicts[i] = verify_greedy(job.tree, job.logits, job.processor, prefix)
         for observer in job.observers:
-            nodes = job.tree.likeliest(observer.max_observed_nodes)
-            observer.tree_receive(job.tree.tokens[nodes], to_host(observer.tree_request([job.logits], [nodes])))
+            observer.observe_tree(job.tree.tokens, job.logits, job.tree.likeliest(observer.max_observed_nodes))
     if fused:
         for i, verdict in zip(fused, read_verdicts([jobs[i] for i in fused], do_sample)):
             verdicts[i] = verdict
