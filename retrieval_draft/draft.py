@@ -64,8 +64,8 @@ class Proposals:
       accepted), ``depths`` int64 its index within its draft, ``entry_owners`` int64 its drafter;
     - per draft, first ``count``: ``lengths`` int64 its entries (draft i is the next
       ``lengths[i]`` entries), ``owners`` int64 its drafter, an index into ``names``;
-    - per drafter (``names``): ``seconds`` float64 its ``propose`` time this step, ``asked`` bool
-      whether it was asked this step.
+    - per drafter (``names``): ``seconds`` float64 its time this step (``propose``, and recording
+      the verified tree for an observer), ``asked`` bool whether it was asked this step.
 
     A drafter writes through ``add`` (one draft), ``add_padded`` (a kernel's (d, L) output) or
     ``extend`` (``Draft`` values), into the drafter ``writer`` last named.
@@ -111,6 +111,15 @@ class Proposals:
     def took(self, seconds: float) -> None:
         """The drafter ``writer`` last named spent ``seconds`` more in ``propose`` this step."""
         self.seconds[self._owner] += seconds
+
+    def charge(self, name: str, seconds: float) -> None:
+        """Drafter ``name`` spent ``seconds`` more this step outside ``propose`` (recording the
+        verified tree): part of what asking it costs."""
+        self.seconds[self._index[name]] += seconds
+
+    def was_asked(self, name: str) -> bool:
+        """Whether drafter ``name`` was asked this step."""
+        return bool(self.asked[self._index[name]])
 
     def add(self, tokens: np.ndarray, probs: np.ndarray) -> None:
         """One draft: ``tokens`` (n,) ids and ``probs`` (n,) conditional guesses; an empty one is skipped."""
@@ -233,7 +242,8 @@ class Drafter:
     # this drafter's drafts: 1.0 for probabilities that are measured
     # acceptance rates, lower for heuristic scores (see AcceptanceCalibrator).
     prior_scale: float = 0.5
-    # Whether ``tree_request`` / ``tree_receive`` want each verified tree's logits (the engines call only such drafters).
+    # Whether ``tree_request`` / ``tree_receive`` want each verified tree's logits (the engines call only such
+    # drafters, and only for the steps they were asked in: a drafter the gate skips records nothing either).
     observes_trees: bool = False
     # The most nodes of one verified tree an observer records: those the planner rated likeliest
     # (``DraftTree.likeliest``); None: every node.

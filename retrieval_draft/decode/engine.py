@@ -271,6 +271,7 @@ def speculative_decode(
     sinks = list(sinks) if sinks is not None else [RowSinks()] * count
     rows = [_Row(prompts[i], int(starts[i]), [d.for_row(i) for d in drafters[i]], options.max_new_tokens,
                  processors[i], sinks[i]) for i in range(count)]
+    planner.begin()
     for row in rows:
         for drafter in row.drafters:
             drafter.begin(row.real().copy())
@@ -396,10 +397,16 @@ def _row_generator(generator: torch.Generator | None) -> torch.Generator | None:
 
 def _verify(trees: list[DraftTree], logits: list[torch.Tensor], rows: list[_Row], options) -> list[Verdict]:
     """Greedy or sampling verification of each row's tree (``logits[i]``: (n_i, V)), the rows'
-    tree-observing drafters fed from the same host read (one read for all rows)."""
-    jobs = [TreeJob(tree, scored, row.padded(), row.processor, row.generator, [d for d in row.drafters if d.observes_trees])
+    tree-observing drafters that were asked this step fed from the same host read (one read for
+    all rows); what observing cost each is charged to it in the row's proposals (the gate weighs it)."""
+    jobs = [TreeJob(tree, scored, row.padded(), row.processor, row.generator,
+                    [d for d in row.drafters if d.observes_trees and row.proposals.was_asked(d.name)])
             for tree, scored, row in zip(trees, logits, rows)]
-    return verify_trees(jobs, options.do_sample)
+    verdicts = verify_trees(jobs, options.do_sample)
+    for job, row in zip(jobs, rows):
+        for name, seconds in job.observed_s.items():
+            row.proposals.charge(name, seconds)
+    return verdicts
 
 
 def _emit(row: _Row, new: np.ndarray, options: DecodeOptions, should_stop: StopCheck | None) -> None:

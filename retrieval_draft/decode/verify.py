@@ -21,7 +21,8 @@ context up to the root, then the path to node ``i``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -251,6 +252,8 @@ class TreeJob:
         processor: this tree's row's logits processor (``model.row_processors``), or None.
         generator: the sampling stream (None: torch's global one; unused when greedy).
         observers: drafters that record the tree (``observes_trees``).
+        observed_s: filled by verification: observer name -> seconds it spent recording this tree
+            (its share of its request, read and receive), what observing costs that drafter.
     """
 
     tree: DraftTree
@@ -259,6 +262,7 @@ class TreeJob:
     processor: LogitsProcessor | None = None
     generator: torch.Generator | None = None
     observers: Sequence[Drafter] = ()
+    observed_s: dict[str, float] = field(default_factory=dict)
 
 
 def walks_on_host(device: torch.device, do_sample: bool, processor: LogitsProcessor | None) -> bool:
@@ -282,7 +286,9 @@ def verify_trees(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
         else:
             verdicts[i] = verify_greedy(job.tree, job.logits, job.processor, prefix)
         for observer in job.observers:
+            started = time.perf_counter()
             observer.observe_tree(job.tree.tokens, job.logits, job.tree.likeliest(observer.max_observed_nodes))
+            job.observed_s[observer.name] = job.observed_s.get(observer.name, 0.0) + time.perf_counter() - started
     if fused:
         for i, verdict in zip(fused, read_verdicts([jobs[i] for i in fused], do_sample)):
             verdicts[i] = verdict
@@ -306,17 +312,23 @@ def read_verdicts(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
         blocks.append(choices)
         rewinds.append(rewind)
     groups = _observer_groups(jobs)
-    observed = []
+    observed, spent = [], []
     for observer, members in groups:
+        started = time.perf_counter()
         nodes = [jobs[i].tree.likeliest(observer.max_observed_nodes) for i in members]
         blocks.append(observer.tree_request([jobs[i].logits for i in members], nodes))
         observed.append(nodes)
+        spent.append(time.perf_counter() - started)
     host = _read_together(blocks, host_arrays=all(transfer.computes_on_host(job.logits) for job in jobs))
-    for (observer, members), nodes, columns in zip(groups, observed, host[len(jobs) :]):
+    for (observer, members), nodes, columns, requested in zip(groups, observed, host[len(jobs) :], spent):
+        started = time.perf_counter()
         row = 0
         for i, chosen in zip(members, nodes):
             observer.tree_receive(jobs[i].tree.tokens[chosen], columns[row : row + chosen.shape[0]])
             row += chosen.shape[0]
+        share = (requested + time.perf_counter() - started) / len(members)  # the trees share the group's time
+        for i in members:
+            jobs[i].observed_s[observer.name] = jobs[i].observed_s.get(observer.name, 0.0) + share
     verdicts = []
     for job, rewind, picks in zip(jobs, rewinds, host):
         verdict = walk(job.tree, picks)

@@ -59,41 +59,36 @@ class RowSlots:
             self.visible = np.concatenate([self.visible, np.zeros((rows, width), dtype=bool)], axis=1)
             self.slot_pos = np.concatenate([self.slot_pos, positions], axis=1)
 
-    def keep(self, nodes: list[np.ndarray]) -> tuple[list, list, list]:
+    def keep(self, nodes: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Keep, per row, the new slots of tree ``nodes[i]`` (increasing, starting with root 0, a
         path from the root) after that row's kept tokens, and hide the rest; T becomes the longest
-        row's end.
+        row's end. Every row at once: no step's work is a loop over rows.
 
-        Returns the cache moves that takes, as lists of arrays: rows, source slots, target slots
-        (a dense row's accepted chain is already in place and is not listed).
+        Returns the cache moves that takes, each shape (m,) int64: rows, source slots, target
+        slots (a dense row's accepted chain is already in place and is not listed).
         """
         base = self.length
-        counts = [kept.shape[0] for kept in nodes]
-        if self.dense and len(set(counts)) > 1:  # rows accepted unlike: gaps appear, write the rows out
+        counts = np.fromiter((kept.shape[0] for kept in nodes), dtype=np.int64, count=len(nodes))
+        kept = np.concatenate(nodes)
+        owner = np.repeat(np.arange(counts.shape[0]), counts)  # (n,) the row of each kept node
+        offset = np.arange(kept.shape[0]) - np.repeat(np.cumsum(counts) - counts, counts)  # its place in the row's path
+        target = self.ends[owner] + offset
+        if self.dense and counts.min() != counts.max():  # rows accepted unlike: gaps appear, write the rows out
             # Every row ends at ``base`` and keeps its tokens from there, so slot j holds position j
-            # up to the longest row's end; the loop below hides each shorter row's tail.
-            length = base + max(counts)
+            # up to the longest row's end; shorter rows' tails are hidden below.
+            length = base + int(counts.max())
             self.visible = np.ones((self.rows, length), dtype=bool)
             self.slot_pos = np.broadcast_to(np.arange(length), (self.rows, length)).copy()
             self.dense = False
-        rows, sources, targets = [], [], []
-        for row, kept in enumerate(nodes):
-            count = kept.shape[0]
-            start = int(self.ends[row])
-            target = np.arange(start, start + count)
-            if not self.dense:
-                self.visible[row, start:] = False
-                self.visible[row, target] = True
-                self.slot_pos[row, target] = self.next_pos[row] + np.arange(count)
-            moved = target != base + kept
-            if moved.any():
-                rows.append(np.full(int(moved.sum()), row))
-                sources.append(base + kept[moved])
-                targets.append(target[moved])
-            self.ends[row] += count
-            self.next_pos[row] += count
+        if not self.dense:
+            self.visible &= np.arange(self.visible.shape[1])[None, :] < self.ends[:, None]
+            self.visible[owner, target] = True
+            self.slot_pos[owner, target] = self.next_pos[owner] + offset
+        moved = target != base + kept
+        self.ends += counts
+        self.next_pos += counts
         self.truncate(int(self.ends.max()))
-        return rows, sources, targets
+        return owner[moved], base + kept[moved], target[moved]
 
     def drop(self, row: int) -> None:
         """Remove ``row``: the last row takes its place (T is left as it is)."""

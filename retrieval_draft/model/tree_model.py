@@ -285,10 +285,9 @@ class TreeModel:
         a path from the root) after that row's kept tokens; hide the rest. Rows already in
         place (a dense row's accepted chain) are not copied."""
         rows, sources, targets = self.slots.keep(nodes)
-        if rows:  # tree mode only: every layer is a GrowingLayer, in a pool
-            b, s, t = np.concatenate(rows), np.concatenate(sources), np.concatenate(targets)
+        if rows.shape[0]:  # tree mode only: every layer is a GrowingLayer, in a pool
             for pool in self.pools:
-                pool.move(b, s, t)
+                pool.move(rows, sources, targets)
         cut_back(self.cache, self.slots.length, self.pools)
 
     def drop_rows(self, finished: list[int]) -> list[int]:

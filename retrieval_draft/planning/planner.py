@@ -108,6 +108,10 @@ class TreePlanner:
         """Whether to query drafter ``name`` this step (always, without a cost curve)."""
         return self.sizer.cost is None or self.grader.gate.should_ask(name)
 
+    def begin(self) -> None:
+        """A generation starts: every drafter is asked at its first step (``DrafterGate.restart``)."""
+        self.grader.gate.restart()
+
     def register(self, drafters) -> None:
         """Give each drafter not seen before a calibrator with that drafter's ``prior_scale``."""
         self.grader.register(drafters)
@@ -365,6 +369,14 @@ class DrafterGate:
         self.max_interval = max_interval
         self.free_share = free_share
         self.records: dict[str, DrafterRecord] = {}
+
+    def restart(self) -> None:
+        """A new call: ask every drafter at its next step. What was learned of each drafter's cost
+        and worth is kept (a drafter that did not pay is skipped again after that query), but no
+        call starts inside a wait run up by earlier calls' prompts: a drafter useless there (the
+        output history on new prompts) may draft this one whole."""
+        for record in self.records.values():
+            record.wait = 0
 
     def should_ask(self, name: str) -> bool:
         """Whether to query drafter ``name`` this step (counts the step down when not)."""

@@ -82,11 +82,13 @@ class TreeSizer:
         if self.cost is None or most == 0:
             return most
         rows = len(ranked)
+        # a row's expected tokens at each width: its bonus token plus its nodes' sum (a short row's
+        # sum stays flat past its last node, the zeros it is padded with)
+        padded = np.zeros((rows, most))
+        for row, probs in enumerate(ranked):
+            padded[row, : probs.shape[0]] = probs
         gains = np.full(most + 1, float(rows))
-        for probs in ranked:  # a row's expected tokens at each width: its bonus token plus its nodes' sum
-            summed = np.cumsum(probs)
-            gains[1 : probs.shape[0] + 1] += summed
-            gains[probs.shape[0] + 1 :] += summed[-1] if probs.shape[0] else 0.0
+        gains[1:] += np.cumsum(padded.sum(axis=0))
         cost = self.observed.apply(self._curve(rows), cache_len, rows)
         tokens = np.minimum(rows * np.arange(1, most + 2), cost.max_nodes)
         seconds = cost.seconds[tokens] + self.overhead_s

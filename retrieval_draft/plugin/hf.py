@@ -249,14 +249,15 @@ def make_planner(
     """A tree planner for one call: cost-aware when ``config.adaptive_tree`` (the model's
     curve from ``memory``, kept on disk across processes; where there is none yet, a call that
     ``can_probe`` measures it from its own forwards, ``PluginMemory.planning_cost``), else fixed
-    size; with ``config.draft_learning`` it shares the model's learned rates and cost corrections."""
+    size; with ``config.draft_learning`` it shares the model's learned rates, cost corrections
+    and drafter gate."""
     cost, probe = memory.planning_cost(model, can_probe) if config.adaptive_tree else (None, None)
     if not config.draft_learning:
         return TreePlanner(tree_budget=config.tree_budget, cost=cost, probe=probe)
     learned = memory.model(model)
     return TreePlanner(
-        tree_budget=config.tree_budget, cost=cost, calibrators=learned.rates[bool(sampling)], observed=learned.observed,
-        ranks=learned.ranks[bool(sampling)], probe=probe,
+        tree_budget=config.tree_budget, cost=cost, calibrators=learned.rates[bool(sampling)], gate=learned.gate,
+        observed=learned.observed, ranks=learned.ranks[bool(sampling)], probe=probe,
     )
 
 

@@ -25,6 +25,7 @@ from retrieval_draft.model.prefix_cache import PrefixCache
 from retrieval_draft.planning.calibration import AcceptanceCalibrator, RankCorrection
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost, clamped, plausible
 from retrieval_draft.planning.cost_probe import CostProbe
+from retrieval_draft.planning.planner import DrafterGate
 from retrieval_draft.store.store_cache import StoreCache
 
 
@@ -39,6 +40,8 @@ class ModelMemory:
         rates: sampling flag -> drafter name -> calibrator (shared, updated in place);
             read from the disk cache when the memory is created (``rates_file``).
         ranks: sampling flag -> what the merged trees' ranks delivered (``RankCorrection``), this process only.
+        gate: which drafters pay for their time (``DrafterGate``), this process only: a call starts
+            asking only the drafters earlier calls found paying (the rest every few steps).
         history: earlier prompts and outputs (bounded, 4 MB at most by default).
         rechecked: whether this process measured the curve again because decoding's forwards drifted from it.
         recycled: the model's recorded top-k successors per token (``PluginMemory.recycled``),
@@ -55,6 +58,7 @@ class ModelMemory:
     observed: ObservedCost = field(default_factory=ObservedCost)
     rates: dict[bool, dict[str, AcceptanceCalibrator]] = field(default_factory=lambda: {False: {}, True: {}})
     ranks: dict[bool, RankCorrection] = field(default_factory=lambda: {False: RankCorrection(), True: RankCorrection()})
+    gate: DrafterGate = field(default_factory=DrafterGate)
     history: HistoryDrafter = field(default_factory=HistoryDrafter)
     recycled: RecyclingDrafter | None = None
     prefixes: PrefixCache = field(default_factory=PrefixCache, repr=False)

@@ -10,6 +10,7 @@ from retrieval_draft.draft import Draft, Drafter
 from retrieval_draft.drafters.oracle import OracleDrafter
 from retrieval_draft.drafters.prompt_lookup import PromptLookupDrafter
 from retrieval_draft.model.tree_model import TreeModel
+from retrieval_draft.planning.planner import TreePlanner
 from tests.conftest import TINY_VOCAB, RandomDrafter, make_tiny_llama, random_prompt
 
 
@@ -131,3 +132,47 @@ def test_engine_api_returns_new_tokens_and_stats(tiny_llama):
     assert tokens.tolist() == expected[0, prompt.shape[1] :].tolist()
     assert stats.new_tokens == 16
     assert stats.steps >= 1 and stats.verify_s > 0
+
+
+class RootRecorder(Drafter):
+    """Proposes nothing; notes the pending token of each step it is asked in and the root of each
+    verified tree it is handed."""
+
+    name = "recorder"
+    observes_trees = True
+
+    def __init__(self) -> None:
+        self.asked_at: list[int] = []
+        self.recorded: list[int] = []
+
+    def propose(self, context, max_len):
+        self.asked_at.append(int(context[-1]))
+        return []
+
+    def tree_request(self, logits, nodes):
+        return torch.zeros((sum(len(chosen) for chosen in nodes), 0), dtype=torch.int32)
+
+    def tree_receive(self, tokens, columns):
+        self.recorded.append(int(tokens[0]))
+
+
+class EveryOtherStep(TreePlanner):
+    """Asks its drafters on odd steps only, as a drafter gate that skips them would."""
+
+    def __init__(self) -> None:
+        super().__init__(tree_budget=4)
+        self.calls = 0
+
+    def should_ask(self, name):
+        self.calls += 1
+        return self.calls % 2 == 1
+
+
+def test_an_observer_records_only_the_trees_of_steps_it_was_asked_in(tiny_llama):
+    recorder = RootRecorder()
+    planner = EveryOtherStep()
+    (tokens,), stats = speculative_decode(TreeModel(tiny_llama), random_prompt(305), [[recorder]],
+                                          DecodeOptions(max_new_tokens=12), planner=planner)
+    assert stats.forwards == 11 and planner.calls == 11  # nothing drafted: one token a step after the prefill's
+    assert len(recorder.asked_at) == 5  # steps 1, 3, ..., 9 (step 11, with one token left, drafts nothing)
+    assert recorder.recorded == recorder.asked_at

@@ -24,8 +24,8 @@ def test_prefill_state_gives_each_row_its_end_and_next_position():
 def test_dense_rows_accepting_alike_move_nothing_and_stay_dense():
     slots = RowSlots(np.ones((2, 4), dtype=bool), np.tile(np.arange(4), (2, 1)))
     slots.open(np.array([[4, 5, 6], [4, 5, 5]]))
-    moves = slots.keep([np.array([0, 1]), np.array([0, 1])])
-    assert moves == ([], [], []) and slots.dense and slots.length == 6
+    rows, sources, targets = slots.keep([np.array([0, 1]), np.array([0, 1])])
+    assert rows.size == sources.size == targets.size == 0 and slots.dense and slots.length == 6
     assert slots.visible.shape == (2, 4)  # never extended while dense
     assert slots.ends.tolist() == [6, 6] and slots.next_pos.tolist() == [6, 6]
 
@@ -35,8 +35,7 @@ def test_rows_accepting_unlike_are_written_out_and_list_their_moves():
     slots.open(np.array([[4, 5, 6], [4, 5, 5]]))
     rows, sources, targets = slots.keep([np.array([0, 2]), np.array([0])])
     # row 0 kept the root (slot 4, in place) and node 2 (slot 6), moved down to slot 5
-    assert [r.tolist() for r in rows] == [[0]] and [s.tolist() for s in sources] == [[6]]
-    assert [t.tolist() for t in targets] == [[5]]
+    assert rows.tolist() == [0] and sources.tolist() == [6] and targets.tolist() == [5]
     assert not slots.dense and slots.length == 6
     assert slots.visible.tolist() == [[True] * 6, [True] * 5 + [False]]
     assert slots.slot_pos[0, 4:].tolist() == [4, 5] and slots.ends.tolist() == [6, 5]

@@ -109,3 +109,16 @@ def test_marginal_tokens_count_only_what_other_drafters_did_not_offer():
     assert gate.records["costly"].marginal == 0.0
     assert not gate.should_ask("costly")  # redundant and slow: skipped
     assert gate.should_ask("cheap")  # redundant too, but under 1% of a step: always asked
+
+
+def test_a_new_call_asks_a_skipped_drafter_at_once_and_keeps_what_was_learned():
+    gate = DrafterGate(min_queries=1)
+    truth = np.array([1, 2, 3])
+    for _ in range(20):
+        step = asked({"cheap": ([Draft(truth, np.full(3, 0.9))], 0.00005), "costly": ([], 0.005)})
+        gate.observe(step, step.matched(truth), token_seconds=0.01)
+    assert not gate.should_ask("costly")  # offered nothing, slow: waiting
+    learned = gate.records["costly"].seconds
+    gate.restart()
+    assert gate.should_ask("costly")  # the next call's first step asks it
+    assert gate.records["costly"].seconds == learned and gate.records["costly"].interval > 1

@@ -91,17 +91,19 @@ def graded(model, sampling: bool) -> float:
     return float(rates["prompt"].trials.sum()) if "prompt" in rates else 0.0
 
 
-def test_each_call_starts_from_the_rates_earlier_calls_observed():
+def test_each_call_starts_from_the_rates_earlier_calls_observed(monkeypatch):
     model = make_tiny_llama(seed=15)
     prompt = random_prompt(9, repeat=3)  # repeats: prompt lookup drafts, so there is something to grade
     plugin(model, prompt)
-    after_one = graded(model, sampling=False)
-    assert after_one > 0
+    assert graded(model, sampling=False) > 0
     calibrator = learned_rates(model, False)["prompt"]
+    record = type(calibrator).record
+    graders = []
+    monkeypatch.setattr(type(calibrator), "record", lambda self, *args: (graders.append(self), record(self, *args))[1])
     out, _ = plugin(model, prompt, drafters=[PromptLookupDrafter()])  # explicit drafters learn too
     assert torch.equal(out, hf_greedy(model, prompt))
-    assert learned_rates(model, False)["prompt"] is calibrator  # the same object, updated in place
-    assert graded(model, sampling=False) > after_one
+    assert learned_rates(model, False)["prompt"] is calibrator  # the same object...
+    assert any(grader is calibrator for grader in graders)  # ...graded by the second call
 
 
 def test_greedy_and_sampling_rates_are_kept_apart_and_opting_out_touches_neither():
@@ -142,3 +144,17 @@ def test_each_row_of_a_batch_adds_its_own_prompt_and_output_to_the_shared_histor
     documents = [part[:-1].tolist() for part in np.split(buffer, ends + 1)[:-1]]
     expected = [prompts[row].tolist() + out[row, 9:].tolist() for row in range(2)]
     assert sorted(documents) == sorted(expected)  # one document per row, each its own prompt and output
+
+
+def test_the_drafter_gate_carries_across_calls():
+    from retrieval_draft.sessions.memory import PluginMemory
+
+    memory = PluginMemory(persist=False)
+    model = make_tiny_llama(seed=18)
+    plugin(model, random_prompt(12, repeat=3), draft_memory=memory)
+    gate = memory.model(model).gate
+    queries = {name: record.queries for name, record in gate.records.items()}
+    assert queries.get("prompt", 0) > 0  # the first call's steps were weighed
+    out, _ = plugin(model, random_prompt(13, repeat=3), draft_memory=memory)
+    assert torch.equal(out, hf_greedy(model, random_prompt(13, repeat=3)))
+    assert memory.model(model).gate is gate and gate.records["prompt"].queries > queries["prompt"]
