@@ -371,12 +371,14 @@ class DrafterGate:
         self.records: dict[str, DrafterRecord] = {}
 
     def restart(self) -> None:
-        """A new call: ask every drafter at its next step. What was learned of each drafter's cost
-        and worth is kept (a drafter that did not pay is skipped again after that query), but no
-        call starts inside a wait run up by earlier calls' prompts: a drafter useless there (the
-        output history on new prompts) may draft this one whole."""
+        """A new call: ask every drafter at its next step, and back off from there (every 2nd, 4th, ...
+        step) for one that does not pay. What was learned of each drafter's cost and worth is kept,
+        so a drafter seen not to pay is skipped from its first unpaid query, not after
+        ``min_queries``; but no call starts inside a wait run up by earlier calls' prompts: a drafter
+        useless there (the output history on new prompts) may draft this one whole."""
         for record in self.records.values():
             record.wait = 0
+            record.interval = 1
 
     def should_ask(self, name: str) -> bool:
         """Whether to query drafter ``name`` this step (counts the step down when not)."""

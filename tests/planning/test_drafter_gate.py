@@ -121,4 +121,8 @@ def test_a_new_call_asks_a_skipped_drafter_at_once_and_keeps_what_was_learned():
     learned = gate.records["costly"].seconds
     gate.restart()
     assert gate.should_ask("costly")  # the next call's first step asks it
-    assert gate.records["costly"].seconds == learned and gate.records["costly"].interval > 1
+    assert gate.records["costly"].seconds == learned
+    step = asked({"cheap": ([Draft(truth, np.full(3, 0.9))], 0.00005), "costly": ([], 0.005)})
+    gate.observe(step, step.matched(truth), token_seconds=0.01)
+    assert not gate.should_ask("costly")  # still not paying: skipped from that query on, backing off anew
+    assert gate.records["costly"].interval == 2

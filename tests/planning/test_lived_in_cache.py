@@ -197,7 +197,8 @@ def test_planted_rates_that_every_draft_is_accepted_lose_their_weight_call_by_ca
     rate, not the tree sizes, is asserted: those also follow the machine's timings). Slower than the
     other way round: a draft wrong at its first token never grades its deeper tokens, so their
     planted cells keep the pooled estimate up, and the drafter gate asks (so grades) a drafter that
-    adds nothing on fewer steps (1.0, then about 0.6, 0.4, 0.3; a fresh cache 0.02)."""
+    adds nothing on fewer steps: the gate is kept across calls, so from its second call on such a
+    drafter is asked at steps 1, 2, 4, 8, ... only (1.0, then about 0.6, 0.5, 0.43; a fresh cache 0.05)."""
     model, prompt, reference = oracle_case
     wrong = WrongDrafter(reference[0].numpy(), model.config.vocab_size)
 
@@ -222,5 +223,5 @@ def test_planted_rates_that_every_draft_is_accepted_lose_their_weight_call_by_ca
     later = PluginMemory()
     planted = [sure_draft_rate(later)] + [call(later) for _ in range(3)]
     assert planted[0] > 0.99 and untaught[-1] < 0.05
-    assert all(b < 0.75 * a for a, b in zip(planted, planted[1:])), planted  # each call takes a quarter off, at least
-    assert planted[-1] < 0.35, planted
+    assert all(b < 0.9 * a for a, b in zip(planted, planted[1:])), planted  # each call takes a tenth off, at least
+    assert planted[-1] < 0.5, planted
