@@ -339,20 +339,31 @@ def confirmed_nodes(tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray,
 
 @dataclass
 class DrafterRecord:
-    """Smoothed observations of one drafter (seconds and tokens per query)."""
+    """Observations of one drafter: its seconds per query (the median of its last ``COST_WINDOW``
+    queries: a first use's one-off costs, a Numba kernel loading, say, are outliers, not what each
+    query costs) and its marginal tokens per query (smoothed)."""
 
     seconds: float = 0.0
     marginal: float = 0.0
     queries: int = 0
     interval: int = 1  # ask every ``interval``-th step
     wait: int = 0  # steps left before the next query
+    recent: list[float] = field(default_factory=list)  # seconds of the last queries, oldest first
+
+    COST_WINDOW = 5
+
+    def cost(self, seconds: float) -> None:
+        """One more query took ``seconds``: the median of the last ``COST_WINDOW`` becomes the estimate."""
+        self.recent = self.recent[1 - self.COST_WINDOW :] + [seconds]
+        self.seconds = float(np.median(self.recent))
 
 
 class DrafterGate:
     """Skips drafters that cost more than they add.
 
     Args:
-        decay: weight of the old average in each update (0.9: about the last ten queries).
+        decay: weight of the old average of marginal tokens in each update (0.9: about the last
+            ten queries); a drafter's seconds are the median of its last queries (``DrafterRecord``).
         min_queries: queries observed before a drafter may be skipped.
         max_interval: longest gap, in steps, between two queries of a drafter that does not pay.
         free_share: a drafter whose query costs less than this fraction of
@@ -404,9 +415,8 @@ class DrafterGate:
             name, seconds = proposals.names[number], float(proposals.seconds[number])
             others = max((r for other, r in enumerate(right) if other != number), default=0)
             record = self.records.setdefault(name, DrafterRecord())
-            first = record.queries == 0
-            d = 0.0 if first else self.decay
-            record.seconds = d * record.seconds + (1 - d) * seconds
+            d = 0.0 if record.queries == 0 else self.decay
+            record.cost(seconds)
             record.marginal = d * record.marginal + (1 - d) * max(right[number] - others, 0)
             record.queries += 1
             pays = record.marginal * token_seconds >= record.seconds or record.seconds < self.free_share * token_seconds

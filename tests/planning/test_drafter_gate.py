@@ -126,3 +126,14 @@ def test_a_new_call_asks_a_skipped_drafter_at_once_and_keeps_what_was_learned():
     gate.observe(step, step.matched(truth), token_seconds=0.01)
     assert not gate.should_ask("costly")  # still not paying: skipped from that query on, backing off anew
     assert gate.records["costly"].interval == 2
+
+
+def test_a_one_off_cost_in_early_queries_does_not_gate_a_drafter_that_pays():
+    gate = DrafterGate(min_queries=2)
+    truth = np.array([1, 2, 3])
+    right = [Draft(truth[:1], np.array([0.9]))]  # one token nobody else offers: worth about 0.1 of a step
+    for seconds in (0.5, 0.2, 0.0001, 0.0001, 0.0001):  # a kernel loading at the first two queries
+        step = asked({"d": (right, seconds)})
+        gate.observe(step, step.matched(truth), token_seconds=0.01)
+    assert gate.records["d"].seconds == 0.0001  # the steady cost, not the loading
+    assert gate.should_ask("d")
