@@ -355,7 +355,9 @@ class DrafterRecord:
     def cost(self, seconds: float) -> None:
         """One more query took ``seconds``: the median of the last ``COST_WINDOW`` becomes the estimate."""
         self.recent = self.recent[1 - self.COST_WINDOW :] + [seconds]
-        self.seconds = float(np.median(self.recent))
+        ordered = sorted(self.recent)  # at most 5: sorting beats numpy's median call by ~10x
+        middle = len(ordered) // 2
+        self.seconds = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 class DrafterGate:
