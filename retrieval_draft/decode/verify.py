@@ -264,6 +264,10 @@ class TreeJob:
     observers: Sequence[Drafter] = ()
     observed_s: dict[str, float] = field(default_factory=dict)
 
+    def spent(self, observer: Drafter, seconds: float) -> None:
+        """``observer`` spent ``seconds`` more recording this tree (``observed_s``)."""
+        self.observed_s[observer.name] = self.observed_s.get(observer.name, 0.0) + seconds
+
 
 def walks_on_host(device: torch.device, do_sample: bool, processor: LogitsProcessor | None) -> bool:
     """Whether to verify node by node (``verify_greedy`` / ``verify_sampling``) instead of
@@ -288,7 +292,7 @@ def verify_trees(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
         for observer in job.observers:
             started = time.perf_counter()
             observer.observe_tree(job.tree.tokens, job.logits, job.tree.likeliest(observer.max_observed_nodes))
-            job.observed_s[observer.name] = job.observed_s.get(observer.name, 0.0) + time.perf_counter() - started
+            job.spent(observer, time.perf_counter() - started)
     if fused:
         for i, verdict in zip(fused, read_verdicts([jobs[i] for i in fused], do_sample)):
             verdicts[i] = verdict
@@ -328,7 +332,7 @@ def read_verdicts(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
             row += chosen.shape[0]
         share = (requested + time.perf_counter() - started) / len(members)  # the trees share the group's time
         for i in members:
-            jobs[i].observed_s[observer.name] = jobs[i].observed_s.get(observer.name, 0.0) + share
+            jobs[i].spent(observer, share)
     verdicts = []
     for job, rewind, picks in zip(jobs, rewinds, host):
         verdict = walk(job.tree, picks)

@@ -343,7 +343,6 @@ class DrafterRecord:
     queries: a first use's one-off costs, a Numba kernel loading, say, are outliers, not what each
     query costs) and its marginal tokens per query (smoothed)."""
 
-    seconds: float = 0.0
     marginal: float = 0.0
     queries: int = 0
     interval: int = 1  # ask every ``interval``-th step
@@ -353,11 +352,17 @@ class DrafterRecord:
     COST_WINDOW = 5
 
     def cost(self, seconds: float) -> None:
-        """One more query took ``seconds``: the median of the last ``COST_WINDOW`` becomes the estimate."""
+        """One more query took ``seconds`` (only the last ``COST_WINDOW`` are kept)."""
         self.recent = self.recent[1 - self.COST_WINDOW :] + [seconds]
+
+    @property
+    def seconds(self) -> float:
+        """What a query costs: the median of the last ``COST_WINDOW`` (0.0 before any)."""
+        if not self.recent:
+            return 0.0
         ordered = sorted(self.recent)  # at most 5: sorting beats numpy's median call by ~10x
         middle = len(ordered) // 2
-        self.seconds = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+        return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 class DrafterGate:
@@ -421,7 +426,8 @@ class DrafterGate:
             record.cost(seconds)
             record.marginal = d * record.marginal + (1 - d) * max(right[number] - others, 0)
             record.queries += 1
-            pays = record.marginal * token_seconds >= record.seconds or record.seconds < self.free_share * token_seconds
+            cost = record.seconds
+            pays = record.marginal * token_seconds >= cost or cost < self.free_share * token_seconds
             if pays or record.queries < self.min_queries:
                 record.interval = 1
             else:
