@@ -117,6 +117,10 @@ class Proposals:
         verified tree): part of what asking it costs."""
         self.seconds[self._index[name]] += seconds
 
+    def anyone_asked(self) -> bool:
+        """Whether any drafter was asked this step."""
+        return any(self.asked.tolist())  # a few drafters: a list beats numpy's any call
+
     def was_asked(self, name: str) -> bool:
         """Whether drafter ``name`` was asked this step."""
         return bool(self.asked[self._index[name]])
@@ -167,6 +171,8 @@ class Proposals:
     def matched(self, truth: np.ndarray) -> np.ndarray:
         """(d,) int64: how many leading tokens of each draft equal ``truth`` (t,) int64, the tokens
         the model produced (``matched_prefixes``)."""
+        if not self.count:
+            return _NO_DRAFTS
         return matched_prefixes(self.tokens[: self.used], self.lengths[: self.count], truth)
 
     def drafts(self) -> list[Draft]:
@@ -195,6 +201,8 @@ class Proposals:
 
 _RANGE = np.arange(64, dtype=np.int64)  # the depths of a draft's first 64 entries (never written)
 _RANGE.flags.writeable = False
+_NO_DRAFTS = np.empty(0, dtype=np.int64)  # ``matched`` of a row that drafted nothing
+_NO_DRAFTS.flags.writeable = False
 
 
 def owner_runs(owners: np.ndarray) -> list[tuple[int, int, int]]:

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numba
 import numpy as np
 import torch
 
@@ -129,24 +130,47 @@ def verify_sampling(
 
 def walk(tree: DraftTree, pick: "np.ndarray | Callable[[int], int]") -> Verdict:
     """Accept down the tree while a child carries the token picked at its parent: the one walk
-    of every verification.
+    of every verification (``_walked``, compiled).
 
     ``pick``: the token the model picks at each node, either computed for every node at once
     (shape (n,), any integer dtype: ``greedy_choices`` / ``sampling_choices``, so that one host
     read serves the whole walk) or a function of the node computing it when the walk gets
     there (the lazy walks of ``verify_greedy`` / ``verify_sampling``, which visit only the
-    nodes on the accepted path).
+    nodes on the accepted path: the walk stops at the first node without a pick, which is
+    then computed, and goes on from there).
     """
-    choose = pick if callable(pick) else pick.__getitem__
-    kids = _child_lookup(tree)
-    node, accepted = 0, []
+    if not callable(pick):
+        accepted, last = _walked(tree.parents, tree.tokens, np.asarray(pick, dtype=np.int64))
+        return Verdict(accepted, int(pick[last]))
+    picks = np.full(tree.size, -1, dtype=np.int64)  # -1: not computed yet (token ids are >= 0)
     while True:
-        choice = int(choose(node))
-        child = kids.get((node, choice))
-        if child is None:
-            return Verdict(np.asarray(accepted, dtype=np.int64), choice)
-        accepted.append(child)
+        accepted, last = _walked(tree.parents, tree.tokens, picks)
+        if picks[last] >= 0:
+            return Verdict(accepted, int(picks[last]))
+        picks[last] = int(pick(int(last)))
+
+
+@numba.njit(cache=True, nogil=True)
+def _walked(parents: np.ndarray, tokens: np.ndarray, picks: np.ndarray):  # pragma: no cover - compiled
+    """From the root of a topological tree (``parents``, ``tokens`` (n,), root 0), step to the child
+    whose token is its parent's pick (``picks`` (n,), -1: not known) while there is one. Returns the
+    nodes stepped to, (k,) int64 in path order, and the node the walk stopped at (whose pick is
+    the bonus token, or was not known)."""
+    n = parents.shape[0]
+    path = np.empty(n, np.int64)
+    node, k = 0, 0
+    while picks[node] >= 0:
+        child = -1
+        for i in range(node + 1, n):  # children come after their parent
+            if parents[i] == node and tokens[i] == picks[node]:
+                child = i
+                break
+        if child < 0:
+            break
+        path[k] = child
+        k += 1
         node = child
+    return path[:k].copy(), node
 
 
 def greedy_choices(
@@ -230,15 +254,6 @@ def tree_scores(
 def has_processor(processor: LogitsProcessor | None) -> bool:
     """Whether ``processor`` would change any scores (None and empty lists do not)."""
     return processor is not None and len(processor) > 0
-
-
-def _child_lookup(tree: DraftTree) -> dict[tuple[int, int], int]:
-    """(parent index, token id) -> child index."""
-    return {
-        (int(p), int(t)): i
-        for i, (p, t) in enumerate(zip(tree.parents.tolist(), tree.tokens.tolist()))
-        if i > 0
-    }
 
 
 @dataclass(frozen=True)

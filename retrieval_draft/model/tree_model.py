@@ -326,7 +326,8 @@ class TreeModel:
             n = tree.size
             tokens[row, :n], tokens[row, n:] = tree.tokens, tree.tokens[0]
             depths[row, :n] = tree.depths
-            among[row, :n, :n] = tree.ancestor_mask()
+            if n > 1:  # a lone root sees itself, as ``among`` starts
+                among[row, :n, :n] = tree.ancestor_mask()
         return tokens, depths, among
 
     def _inputs(self, tokens: np.ndarray, positions: np.ndarray, among: np.ndarray, dense: bool, own_mask: bool):

@@ -13,6 +13,7 @@ measurement also times probed sizes with and without the skinny matmul
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numba
@@ -136,7 +137,7 @@ class ObservedCost:
 
     @staticmethod
     def _index(edges: np.ndarray, value: int) -> int:
-        return max(int(np.searchsorted(edges, value, side="right") - 1), 0)
+        return max(bisect.bisect_right(edges, value) - 1, 0)  # a few edges: bisect beats a numpy call
 
     def size_bands(self, sizes: np.ndarray) -> np.ndarray:
         """The size band (index into ``BANDS``) of each forward size in ``sizes`` (new tokens)."""
@@ -148,7 +149,7 @@ class ObservedCost:
         if size < 1 or size > cost.max_nodes or seconds <= 0:
             return
         self.forwards += 1
-        cell = (self._index(self.ROW_BANDS, rows), self._index(self.LENGTH_BANDS, cache_len), self._index(self.BANDS, size))
+        cell = (*self.cell(rows, cache_len), self._index(self.BANDS, size))
         ratio = seconds / float(cost.seconds[size])
         fresh = self.count[cell] and self.forwards - self.seen_at[cell] <= self.expire_forwards
         d = self.decay if fresh else 0.0
@@ -158,10 +159,10 @@ class ObservedCost:
 
     def apply(self, cost: VerifyCost, cache_len: int = 0, rows: int = 1) -> VerifyCost:
         """``cost`` with every observed band scaled by its ratio for ``rows`` rows at ``cache_len`` cached tokens."""
-        ratio, seen = self._at(self._index(self.ROW_BANDS, rows), self._index(self.LENGTH_BANDS, cache_len))
+        ratio, seen = self._at(*self.cell(rows, cache_len))
         if not seen.any():
             return cost
-        return VerifyCost(_corrected(cost.seconds, ratio, seen, self.bands_up_to(cost.max_nodes)), cost.skinny_sizes, cost.steady)
+        return VerifyCost(corrected_curve(cost.seconds, ratio, seen, self.bands_up_to(cost.max_nodes)), cost.skinny_sizes, cost.steady)
 
     def bands_up_to(self, max_nodes: int) -> np.ndarray:
         """``size_bands`` of every size 0..``max_nodes`` (shape (max_nodes + 1,)), kept per length."""
@@ -169,22 +170,20 @@ class ObservedCost:
             self._bands[max_nodes] = self.size_bands(np.arange(max_nodes + 1))
         return self._bands[max_nodes]
 
+    def cell(self, rows: int, cache_len: int = 0) -> tuple[int, int]:
+        """The (row band, length band) of a forward over ``rows`` rows after ``cache_len`` cached tokens."""
+        return self._index(self.ROW_BANDS, rows), self._index(self.LENGTH_BANDS, cache_len)
+
     def _at(self, rows: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         """Per size band: the ratio of the longest length band up to ``length`` that observed it
         (for row band ``rows``), and whether any did."""
-        ratio, seen = np.ones(self.BANDS.shape[0]), np.zeros(self.BANDS.shape[0], dtype=bool)
-        for band in range(length + 1):
-            observed = self.count[rows, band] > 0
-            ratio[observed], seen[observed] = self.ratio[rows, band][observed], True
-        return ratio, seen
+        return latest_ratios(self.ratio[rows], self.count[rows], length)
 
     def verified(self, cache_len: int = 0, rows: int = 1) -> np.ndarray:
         """(len(BANDS),) bool: size bands whose cost ``apply`` takes from an observation of the last
         ``expire_forwards`` forwards (for ``rows`` rows, at ``cache_len`` or a shorter length band)."""
-        row = self._index(self.ROW_BANDS, rows)
-        length = self._index(self.LENGTH_BANDS, cache_len)
-        recent = (self.count[row, : length + 1] > 0) & (self.forwards - self.seen_at[row, : length + 1] <= self.expire_forwards)
-        return recent.any(axis=0)
+        row, length = self.cell(rows, cache_len)
+        return recent_bands(self.count[row], self.seen_at[row], length, self.forwards, self.expire_forwards)
 
     def drifted(self, low: float = 0.7, high: float = 1.4) -> bool:
         """Whether some well-observed band of one row at the measured cache length (below 1k tokens) is off
@@ -210,7 +209,7 @@ class ObservedCost:
 
 
 @numba.njit(cache=True, nogil=True)
-def _corrected(seconds: np.ndarray, ratio: np.ndarray, seen: np.ndarray, bands: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+def corrected_curve(seconds: np.ndarray, ratio: np.ndarray, seen: np.ndarray, bands: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
     """``ObservedCost.apply``'s curve: ``seconds`` (n,) scaled by the ratio of each size's band
     (``bands`` (n,) into ``ratio`` / ``seen`` (b,)); an unobserved size costs at least what a smaller
     observed one was seen to cost (after a long prompt the measured short-cache values of big trees
@@ -229,4 +228,34 @@ def _corrected(seconds: np.ndarray, ratio: np.ndarray, seen: np.ndarray, bands: 
     for k in range(n - 2, -1, -1):
         out[k] = min(out[k], out[k + 1])
     out[0] = out[1]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def latest_ratios(ratio: np.ndarray, count: np.ndarray, length: int):  # pragma: no cover - compiled
+    """For one row band's cells (``ratio``, ``count``: (length bands, size bands)): per size band the
+    ratio of the longest length band up to ``length`` that observed it (1.0 where none did), and
+    whether any did; each (size bands,)."""
+    bands = ratio.shape[1]
+    out = np.ones(bands)
+    seen = np.zeros(bands, np.bool_)
+    for band in range(length + 1):
+        for size in range(bands):
+            if count[band, size] > 0:
+                out[size] = ratio[band, size]
+                seen[size] = True
+    return out, seen
+
+
+@numba.njit(cache=True, nogil=True)
+def recent_bands(count: np.ndarray, seen_at: np.ndarray, length: int, forwards: int, expire: int) -> np.ndarray:  # pragma: no cover - compiled
+    """For one row band's cells (``count``, ``seen_at``: (length bands, size bands)): per size band
+    whether a length band up to ``length`` observed it within the last ``expire`` of ``forwards``
+    forwards; (size bands,) bool."""
+    bands = count.shape[1]
+    out = np.zeros(bands, np.bool_)
+    for band in range(length + 1):
+        for size in range(bands):
+            if count[band, size] > 0 and forwards - seen_at[band, size] <= expire:
+                out[size] = True
     return out

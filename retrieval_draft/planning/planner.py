@@ -41,7 +41,10 @@ from retrieval_draft.planning.calibration import AcceptanceCalibrator, RankCorre
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost
 from retrieval_draft.planning.cost_probe import CostProbe, Probe
 from retrieval_draft.planning.sizer import TreeSizer
-from retrieval_draft.tree import DraftTree, merge_flat
+from retrieval_draft.tree import DraftTree, lone_root, merge_flat
+
+_NO_NODES = np.empty(0, dtype=np.int64)  # a lone root's draft nodes
+_NO_NODES.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,8 @@ class TreePlanner:
 
     def candidates(self, root_token: int, proposals: Proposals) -> DraftTree:
         """Every drafted node under the pending token, with calibrated probabilities (unpruned)."""
+        if not proposals.used:  # nothing drafted (most rows of a fresh batch): the pending token alone
+            return lone_root(root_token)
         return cap_siblings(merge_flat(root_token, *self.grader.calibrated(proposals)))
 
     def width(self, ranked: list[np.ndarray], cache_len: int = 0) -> int:
@@ -132,13 +137,16 @@ class TreePlanner:
         tree keeps ``width`` draft nodes or fewer. ``cache_len``: cached tokens the trees
         attend to (the longest row's)."""
         fulls = [self.candidates(root, row) for root, row in zip(roots, proposals)]
-        orders = [np.argsort(-full.probs[1:], kind="stable") + 1 for full in fulls]  # ``DraftTree.top``'s order
+        orders = [np.argsort(-full.probs[1:], kind="stable") + 1 if full.size > 1 else _NO_NODES
+                  for full in fulls]  # ``DraftTree.top``'s order
         ranked = [full.probs[order[: self.tree_budget]] for full, order in zip(fulls, orders)]
         candidates = []
         if self.sizer.cost is not None:
             candidates = list(zip(fulls, orders))
-            factors = self.grader.ranks.factors(max(probs.shape[0] for probs in ranked))
-            ranked = [probs * factors[: probs.shape[0]] for probs in ranked]
+            most = max(probs.shape[0] for probs in ranked)
+            if most:
+                factors = self.grader.ranks.factors(most)
+                ranked = [probs * factors[: probs.shape[0]] if probs.shape[0] else probs for probs in ranked]
         probing = self.sizer.probe_forward(ranked)
         budget = probing.tokens - 1 if probing is not None else self.sizer.width(ranked, cache_len)
         trees = [full if budget + 1 >= full.size else full.kept(order[:budget]) for full, order in zip(fulls, orders)]
@@ -163,7 +171,7 @@ class TreePlanner:
                     self.grader.grade_ranks(full, order, truth)
             token_seconds = self.sizer.plain_step_seconds(len(truths))
             for row, row_matched in zip(proposals, matched):
-                if row.asked.any():
+                if row.anyone_asked():
                     self.grader.gate.observe(row, row_matched, token_seconds=token_seconds)
         self.grader.observe(proposals, truths, matched)
         self.sizer.observe_drafting(draft_seconds)

@@ -15,10 +15,11 @@ along the slope of its last stretch (``extended_cost``).
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from retrieval_draft.config import DEFAULTS, check_setting
-from retrieval_draft.planning.cost import ObservedCost, VerifyCost
+from retrieval_draft.planning.cost import ObservedCost, VerifyCost, corrected_curve, latest_ratios, recent_bands
 from retrieval_draft.planning.cost_probe import CostProbe, Probe
 
 EXPLORE_GAIN = 1.25  # a tree is tried when, priced like the cheapest verified forward, it would pay this much more
@@ -82,20 +83,15 @@ class TreeSizer:
         if self.cost is None or most == 0:
             return most
         rows = len(ranked)
-        # a row's expected tokens at each width: its bonus token plus its nodes' sum (a short row's
-        # sum stays flat past its last node, the zeros it is padded with)
-        padded = np.zeros((rows, most))
-        for row, probs in enumerate(ranked):
-            padded[row, : probs.shape[0]] = probs
-        gains = np.full(most + 1, float(rows))
-        gains[1:] += np.cumsum(padded.sum(axis=0))
-        cost = self.observed.apply(self._curve(rows), cache_len, rows)
-        tokens = np.minimum(rows * np.arange(1, most + 2), cost.max_nodes)
-        seconds = cost.seconds[tokens] + self.overhead_s
-        best = int(np.argmax(gains / seconds))
-        if self.probe is not None:  # the curve is still being measured: nothing to test yet
-            return best
-        return explored_width(gains, seconds, tokens, self.observed.verified(cache_len, rows), self.observed, best)
+        curve, observed = self._curve(rows), self.observed
+        row, length = observed.cell(rows, cache_len)
+        flat = ranked[0] if rows == 1 else np.concatenate(ranked)
+        lengths = np.array([probs.shape[0] for probs in ranked], dtype=np.int64)
+        return int(_best_width(
+            flat.astype(np.float64, copy=False), lengths, curve.seconds, observed.ratio[row], observed.count[row],
+            observed.seen_at[row], length, observed.forwards, observed.expire_forwards,
+            observed.bands_up_to(curve.max_nodes), self.overhead_s, self.probe is None,
+        ))
 
     def observe_forward(self, rows: int, tokens: int, seconds: float, cache_len: int = 0, probing: Probe | None = None) -> None:
         """A forward over ``rows`` rows' trees, ``tokens`` new tokens in all (rows x width), after
@@ -128,9 +124,54 @@ class TreeSizer:
         return self._curves[rows]
 
 
-def explored_width(
-    gains: np.ndarray, seconds: np.ndarray, tokens: np.ndarray, verified: np.ndarray, observed: ObservedCost, best: int
-) -> int:
+@numba.njit(cache=True, nogil=True)
+def _best_width(flat, lengths, curve, ratio, count, seen_at, length, forwards, expire, bands, overhead_s, explore):  # pragma: no cover - compiled
+    """``TreeSizer.width`` in one compiled pass.
+
+    Args:
+        flat, lengths: the rows' candidate probabilities, decreasing within a row, laid end to end
+            (row r is the next ``lengths[r]`` entries); (m,) float64 and (B,) int64.
+        curve: (N + 1,) seconds of a forward over 0..N new tokens (the curve covering B full trees).
+        ratio, count, seen_at, length, forwards, expire: ``ObservedCost``'s cells for B rows (each
+            (length bands, size bands)), the cache length's band, its forward count and expiry.
+        bands: (N + 1,) the size band of every forward size.
+        overhead_s: drafting seconds per step.
+        explore: whether a wider tree may test the curve (``explored_width``).
+    """
+    rows = lengths.shape[0]
+    most = lengths.max()
+    column = np.zeros(most)  # the rows' probabilities summed by rank (a short row adds nothing past its end)
+    start = 0
+    for r in range(rows):
+        for j in range(lengths[r]):
+            column[j] += flat[start + j]
+        start += lengths[r]
+    gains = np.empty(most + 1)  # a step's expected tokens: one bonus per row plus the kept nodes
+    gains[0] = rows
+    total = 0.0
+    for j in range(most):
+        total += column[j]
+        gains[j + 1] = rows + total
+    correction, seen = latest_ratios(ratio, count, length)
+    priced = corrected_curve(curve, correction, seen, bands) if seen.any() else curve
+    top = curve.shape[0] - 1
+    tokens = np.empty(most + 1, np.int64)
+    seconds = np.empty(most + 1)
+    for w in range(most + 1):
+        tokens[w] = min(rows * (w + 1), top)
+        seconds[w] = priced[tokens[w]] + overhead_s
+    best = int(np.argmax(gains / seconds))
+    if not explore:
+        return best
+    recent = recent_bands(count, seen_at, length, forwards, expire)
+    checked = np.empty(most + 1, np.bool_)
+    for w in range(most + 1):
+        checked[w] = recent[bands[tokens[w]]]
+    return explored_width(gains, seconds, checked, best)
+
+
+@numba.njit(cache=True, nogil=True)
+def explored_width(gains: np.ndarray, seconds: np.ndarray, checked: np.ndarray, best: int) -> int:  # pragma: no cover - compiled
     """``best``, or a tree whose size band no recent forward has verified, when that tree would pay
     ``EXPLORE_GAIN`` times more than ``best`` if it cost what the cheapest verified forward costs
     (a forward over more tokens never costs less; on a GPU a small tree costs about that).
@@ -145,18 +186,22 @@ def explored_width(
     Args:
         gains: (W,) expected tokens of a step for 0..W-1 draft nodes per row.
         seconds: (W,) the corrected curve's price of each, drafting overhead included.
-        tokens: (W,) new tokens in each forward (rows x width).
-        verified: (len(ObservedCost.BANDS),) size bands observed recently at these rows and cache length.
-        observed: the corrections (for the size bands).
+        checked: (W,) bool, whether a recent forward verified the size band of each.
         best: the width that ``seconds`` says pays best.
     """
-    checked = verified[observed.bands_up_to(int(tokens.max()))[tokens]]
     if checked.all() or not checked.any():  # nothing to test, or nothing seen yet to price it by
         return best
-    hopeful = np.where(checked, seconds, np.minimum(seconds, seconds[checked].min()))
-    rates = gains / hopeful
-    tried = int(np.argmax(np.where(checked, -np.inf, rates)))
-    if rates[tried] > EXPLORE_GAIN * gains[best] / seconds[best]:
+    cheapest = np.inf
+    for w in range(checked.shape[0]):
+        if checked[w]:
+            cheapest = min(cheapest, seconds[w])
+    tried, tried_rate = -1, -np.inf
+    for w in range(checked.shape[0]):
+        if not checked[w]:
+            rate = gains[w] / min(seconds[w], cheapest)
+            if tried < 0 or rate > tried_rate:
+                tried, tried_rate = w, rate
+    if tried_rate > EXPLORE_GAIN * gains[best] / seconds[best]:
         return tried
     return best
 

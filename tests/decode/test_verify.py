@@ -108,3 +108,32 @@ def test_every_route_hands_an_observer_the_likeliest_nodes_and_their_own_rows(ro
     likeliest = [0, 1, 4]  # path probabilities 1.0, .9, .45, .225, .9, .72
     assert tokens == tree.tokens[likeliest].tolist()
     np.testing.assert_array_equal(rows, logits[likeliest, :2].numpy())
+
+
+def reference_walk(tree, picks):
+    """Accepted nodes and bonus by following each node's pick among its children, in plain Python."""
+    node, accepted = 0, []
+    while True:
+        children = [i for i in range(1, tree.size) if tree.parents[i] == node and tree.tokens[i] == picks[node]]
+        if not children:
+            return accepted, int(picks[node])
+        node = children[0]
+        accepted.append(node)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_walk_follows_the_picks_and_a_lazy_walk_computes_only_the_path(seed):
+    from retrieval_draft.decode.verify import walk
+
+    generator = np.random.default_rng(seed)
+    lengths = generator.integers(1, 6, 6)
+    drafts = [Draft(generator.integers(0, 4, n), np.full(n, 0.9)) for n in lengths]
+    tree = build_tree(0, drafts, budget=40)
+    picks = generator.integers(0, 4, tree.size)
+    accepted, bonus = reference_walk(tree, picks)
+    verdict = walk(tree, picks)
+    assert verdict.accepted.tolist() == accepted and verdict.bonus == bonus
+    asked = []
+    lazy = walk(tree, lambda node: asked.append(node) or int(picks[node]))
+    assert lazy.accepted.tolist() == accepted and lazy.bonus == bonus
+    assert asked == [0, *accepted]  # each node on the path once, nothing else

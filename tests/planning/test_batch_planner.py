@@ -63,3 +63,44 @@ def test_a_batchs_forward_times_correct_batches_only_and_outlive_the_planner():
     assert later.sizer.observed.apply(curve, rows=1).seconds[5] == pytest.approx(curve.seconds[5])
     probs = [np.full(8, 0.3)] * 8
     assert later.width(probs) < TreePlanner(tree_budget=8, cost=curve).width(probs)
+
+
+def expected_tokens_per_second(rows, curve, width):
+    """A step of ``width`` draft nodes per row: every row's bonus plus its first ``width`` candidates'
+    probabilities, over the forward of rows x (width + 1) tokens."""
+    gains = sum(1.0 + probs[:width].sum() for probs in rows)
+    return gains / curve.seconds[min(len(rows) * (width + 1), curve.max_nodes)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_width_is_the_one_that_pays_best_for_uneven_rows(seed):
+    generator = np.random.default_rng(seed)
+    rows = [np.sort(generator.uniform(0.0, 1.0, int(generator.integers(0, 12))))[::-1].copy()
+            for _ in range(int(generator.integers(1, 6)))]
+    if max(r.shape[0] for r in rows) == 0:
+        rows[0] = np.array([0.5])
+    sizer = planner(tree_budget=16)
+    curve = extended_cost(CPU, len(rows) * 17)
+    chosen = sizer.width(rows)
+    rates = [expected_tokens_per_second(rows, curve, w) for w in range(max(r.shape[0] for r in rows) + 1)]
+    assert rates[chosen] == pytest.approx(max(rates))
+
+
+def test_a_size_band_no_forward_verified_is_tried_once_when_priced_like_the_verified_ones_it_would_pay():
+    """A curve pricing trees dearly (a busy spell) is tested: once lone roots are verified, a tree
+    whose size band no forward ran is tried if, at a lone root's price, it would pay 1.25x more;
+    where each tried band costs what the curve said, the planner settles on lone roots."""
+    from retrieval_draft.planning.cost import ObservedCost
+
+    dear = VerifyCost.from_points([1, 2, 64], [0.030, 0.300, 2.000])
+    sure = np.full(8, 0.9) ** np.arange(1, 9)
+    tester = TreePlanner(tree_budget=8, cost=dear)
+    assert tester.width([sure]) == 0  # nothing verified yet: the curve alone decides
+    tester.observe_forward(1, 1, 0.030)  # lone roots run as priced
+    tried = []
+    while (width := tester.width([sure])) > 0 and len(tried) < 8:
+        tried.append(width)
+        tester.observe_forward(1, width + 1, float(dear.seconds[width + 1]))  # the curve was right
+    bands = ObservedCost().size_bands(np.array(tried) + 1)
+    assert tried and len(set(bands.tolist())) == len(tried)  # each band tried once
+    assert tester.width([sure]) == 0
