@@ -16,6 +16,10 @@ import numpy as np
 from retrieval_draft.draft import Draft, Proposals
 
 
+_NO_NODES = np.empty(0, dtype=np.int64)  # a lone root's draft nodes (``DraftTree.ranked``)
+_NO_NODES.flags.writeable = False
+
+
 @dataclass(frozen=True)
 class DraftTree:
     """A validated token tree.
@@ -64,9 +68,15 @@ class DraftTree:
     def children(self) -> list[list[int]]:
         """Child indices of every node, by decreasing estimated probability."""
         kids: list[list[int]] = [[] for _ in range(self.size)]
-        for child in np.argsort(-self.probs[1:], kind="stable") + 1:
+        for child in self.ranked():
             kids[int(self.parents[child])].append(int(child))
         return kids
+
+    def ranked(self) -> np.ndarray:
+        """The draft nodes' indices, shape (n - 1,) int64, by decreasing ``probs`` (ties to the lower index)."""
+        if self.size == 1:  # a lone root (most rows of a fresh batch): nothing to sort
+            return _NO_NODES
+        return np.argsort(-self.probs[1:], kind="stable") + 1
 
     def ancestor_mask(self) -> np.ndarray:
         """Boolean (n, n): ``[i, j]`` is True when node j is node i or one of its ancestors."""

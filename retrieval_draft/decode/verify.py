@@ -136,29 +136,32 @@ def walk(tree: DraftTree, pick: "np.ndarray | Callable[[int], int]") -> Verdict:
     (shape (n,), any integer dtype: ``greedy_choices`` / ``sampling_choices``, so that one host
     read serves the whole walk) or a function of the node computing it when the walk gets
     there (the lazy walks of ``verify_greedy`` / ``verify_sampling``, which visit only the
-    nodes on the accepted path: the walk stops at the first node without a pick, which is
-    then computed, and goes on from there).
+    nodes on the accepted path: each node's pick is computed as the walk reaches it, and the
+    compiled walk takes the one step it allows).
     """
     if not callable(pick):
-        accepted, last = _walked(tree.parents, tree.tokens, np.asarray(pick, dtype=np.int64))
+        accepted, last = _walked(tree.parents, tree.tokens, np.asarray(pick, dtype=np.int64), 0)
         return Verdict(accepted, int(pick[last]))
-    picks = np.full(tree.size, -1, dtype=np.int64)  # -1: not computed yet (token ids are >= 0)
+    picks = np.full(tree.size, -1, dtype=np.int64)  # -1: not computed (token ids are >= 0)
+    node, accepted = 0, []
     while True:
-        accepted, last = _walked(tree.parents, tree.tokens, picks)
-        if picks[last] >= 0:
-            return Verdict(accepted, int(picks[last]))
-        picks[last] = int(pick(int(last)))
+        picks[node] = int(pick(node))
+        _, below = _walked(tree.parents, tree.tokens, picks, node)  # at most one step: no pick below is known
+        if below == node:
+            return Verdict(np.asarray(accepted, dtype=np.int64), int(picks[node]))
+        accepted.append(below)
+        node = below
 
 
 @numba.njit(cache=True, nogil=True)
-def _walked(parents: np.ndarray, tokens: np.ndarray, picks: np.ndarray):  # pragma: no cover - compiled
-    """From the root of a topological tree (``parents``, ``tokens`` (n,), root 0), step to the child
-    whose token is its parent's pick (``picks`` (n,), -1: not known) while there is one. Returns the
-    nodes stepped to, (k,) int64 in path order, and the node the walk stopped at (whose pick is
-    the bonus token, or was not known)."""
+def _walked(parents: np.ndarray, tokens: np.ndarray, picks: np.ndarray, start: int):  # pragma: no cover - compiled
+    """From node ``start`` of a topological tree (``parents``, ``tokens`` (n,), root 0), step to the
+    child whose token is its parent's pick (``picks`` (n,), -1: not known) while there is one.
+    Returns the nodes stepped to, (k,) int64 in path order, and the node the walk stopped at
+    (whose pick is the bonus token, or is not known)."""
     n = parents.shape[0]
     path = np.empty(n, np.int64)
-    node, k = 0, 0
+    node, k = start, 0
     while picks[node] >= 0:
         child = -1
         for i in range(node + 1, n):  # children come after their parent

@@ -43,9 +43,6 @@ from retrieval_draft.planning.cost_probe import CostProbe, Probe
 from retrieval_draft.planning.sizer import TreeSizer
 from retrieval_draft.tree import DraftTree, lone_root, merge_flat
 
-_NO_NODES = np.empty(0, dtype=np.int64)  # a lone root's draft nodes
-_NO_NODES.flags.writeable = False
-
 
 @dataclass(frozen=True)
 class StepPlan:
@@ -124,7 +121,7 @@ class TreePlanner:
 
     def candidates(self, root_token: int, proposals: Proposals) -> DraftTree:
         """Every drafted node under the pending token, with calibrated probabilities (unpruned)."""
-        if not proposals.used:  # nothing drafted (most rows of a fresh batch): the pending token alone
+        if not proposals.used:  # nothing drafted (most rows of a fresh batch): no calibrating or capping
             return lone_root(root_token)
         return cap_siblings(merge_flat(root_token, *self.grader.calibrated(proposals)))
 
@@ -137,8 +134,7 @@ class TreePlanner:
         tree keeps ``width`` draft nodes or fewer. ``cache_len``: cached tokens the trees
         attend to (the longest row's)."""
         fulls = [self.candidates(root, row) for root, row in zip(roots, proposals)]
-        orders = [np.argsort(-full.probs[1:], kind="stable") + 1 if full.size > 1 else _NO_NODES
-                  for full in fulls]  # ``DraftTree.top``'s order
+        orders = [full.ranked() for full in fulls]  # ``DraftTree.top``'s order
         ranked = [full.probs[order[: self.tree_budget]] for full, order in zip(fulls, orders)]
         candidates = []
         if self.sizer.cost is not None:
@@ -146,7 +142,7 @@ class TreePlanner:
             most = max(probs.shape[0] for probs in ranked)
             if most:
                 factors = self.grader.ranks.factors(most)
-                ranked = [probs * factors[: probs.shape[0]] if probs.shape[0] else probs for probs in ranked]
+                ranked = [probs * factors[: probs.shape[0]] for probs in ranked]
         probing = self.sizer.probe_forward(ranked)
         budget = probing.tokens - 1 if probing is not None else self.sizer.width(ranked, cache_len)
         trees = [full if budget + 1 >= full.size else full.kept(order[:budget]) for full, order in zip(fulls, orders)]
