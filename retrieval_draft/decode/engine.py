@@ -402,9 +402,9 @@ def _verify(trees: list[DraftTree], logits: list[torch.Tensor], rows: list[_Row]
     jobs = [TreeJob(tree, scored, row.padded(), row.processor, row.generator,
                     [d for d in row.drafters if d.observes_trees and row.proposals.was_asked(d.name)])
             for tree, scored, row in zip(trees, logits, rows)]
-    verdicts = verify_trees(jobs, options.do_sample)
-    for job, row in zip(jobs, rows):
-        for name, seconds in job.observed_s.items():
+    verdicts, observed = verify_trees(jobs, options.do_sample)
+    for spent, row in zip(observed, rows):
+        for name, seconds in spent.items():
             row.proposals.charge(name, seconds)
     return verdicts
 

@@ -22,7 +22,7 @@ context up to the root, then the path to node ``i``).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numba
@@ -37,6 +37,10 @@ from retrieval_draft.tree import DraftTree
 # (input_ids of shape (1, L), scores of shape (1, V)) -> scores of shape (1, V);
 # a transformers LogitsProcessorList fits.
 LogitsProcessor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+_NONE_ACCEPTED = np.zeros(0, dtype=np.int64)  # read only: a lone root's verdict accepts nothing
+_NONE_ACCEPTED.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,8 @@ def walk(tree: DraftTree, pick: "np.ndarray | Callable[[int], int]") -> Verdict:
     nodes on the accepted path: each node's pick is computed as the walk reaches it, and the
     compiled walk takes the one step it allows).
     """
+    if tree.size == 1:  # a lone root (most rows on fresh prompts): nothing to walk
+        return Verdict(_NONE_ACCEPTED, int(pick(0)) if callable(pick) else int(pick[0]))
     if not callable(pick):
         accepted, last = _walked(tree.parents, tree.tokens, np.asarray(pick, dtype=np.int64), 0)
         return Verdict(accepted, int(pick[last]))
@@ -270,8 +276,6 @@ class TreeJob:
         processor: this tree's row's logits processor (``model.row_processors``), or None.
         generator: the sampling stream (None: torch's global one; unused when greedy).
         observers: drafters that record the tree (``observes_trees``).
-        observed_s: filled by verification: observer name -> seconds it spent recording this tree
-            (its share of its request, read and receive), what observing costs that drafter.
     """
 
     tree: DraftTree
@@ -280,11 +284,11 @@ class TreeJob:
     processor: LogitsProcessor | None = None
     generator: torch.Generator | None = None
     observers: Sequence[Drafter] = ()
-    observed_s: dict[str, float] = field(default_factory=dict)
 
-    def spent(self, observer: Drafter, seconds: float) -> None:
-        """``observer`` spent ``seconds`` more recording this tree (``observed_s``)."""
-        self.observed_s[observer.name] = self.observed_s.get(observer.name, 0.0) + seconds
+
+# Per job, observer name -> seconds it spent recording that job's tree (its share of its request,
+# read and receive): what observing costs that drafter, for the drafter gate to weigh.
+ObservedSeconds = list[dict[str, float]]
 
 
 def walks_on_host(device: torch.device, do_sample: bool, processor: LogitsProcessor | None) -> bool:
@@ -293,10 +297,12 @@ def walks_on_host(device: torch.device, do_sample: bool, processor: LogitsProces
     return device.type == "cpu" and (do_sample or has_processor(processor))
 
 
-def verify_trees(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
+def verify_trees(jobs: Sequence[TreeJob], do_sample: bool) -> tuple[list[Verdict], ObservedSeconds]:
     """Every job's verdict, its observers fed: node by node on the host where ``walks_on_host``
-    says so, all the other jobs together with ONE host read (``read_verdicts``)."""
+    says so, all the other jobs together with ONE host read (``read_verdicts``). Also returns
+    what each job's observers spent recording its tree."""
     verdicts: list[Verdict | None] = [None] * len(jobs)
+    observed: ObservedSeconds = [{} for _ in jobs]
     fused = []
     for i, job in enumerate(jobs):
         if not walks_on_host(job.logits.device, do_sample, job.processor):
@@ -310,21 +316,23 @@ def verify_trees(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
         for observer in job.observers:
             started = time.perf_counter()
             observer.observe_tree(job.tree.tokens, job.logits, job.tree.likeliest(observer.max_observed_nodes))
-            job.spent(observer, time.perf_counter() - started)
+            observed[i][observer.name] = observed[i].get(observer.name, 0.0) + time.perf_counter() - started
     if fused:
-        for i, verdict in zip(fused, read_verdicts([jobs[i] for i in fused], do_sample)):
-            verdicts[i] = verdict
-    return verdicts
+        for i, verdict, seconds in zip(fused, *read_verdicts([jobs[i] for i in fused], do_sample)):
+            verdicts[i], observed[i] = verdict, seconds
+    return verdicts, observed
 
 
-def read_verdicts(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
+def read_verdicts(jobs: Sequence[TreeJob], do_sample: bool) -> tuple[list[Verdict], ObservedSeconds]:
     """Verify every job's tree with ONE host read; feed each job's observers from the same read.
 
     Each observer (a drafter shared by rows is one observer) computes its request once, over
-    the likeliest nodes (``Drafter.max_observed_nodes``) of every tree it observes. Greedy
-    verdicts equal ``verify_greedy``'s; sampled ones equal ``verify_sampling``'s with the same
-    generator state, which is left as ``verify_sampling`` leaves it.
+    the likeliest nodes (``Drafter.max_observed_nodes``) of every tree it observes; the trees
+    share what it spent (the second list returned). Greedy verdicts equal ``verify_greedy``'s;
+    sampled ones equal ``verify_sampling``'s with the same generator state, which is left as
+    ``verify_sampling`` leaves it.
     """
+    observed: ObservedSeconds = [{} for _ in jobs]
     blocks, rewinds = [], []
     for job in jobs:
         if do_sample:
@@ -334,15 +342,15 @@ def read_verdicts(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
         blocks.append(choices)
         rewinds.append(rewind)
     groups = _observer_groups(jobs)
-    observed, spent = [], []
+    chosen_nodes, spent = [], []
     for observer, members in groups:
         started = time.perf_counter()
         nodes = [jobs[i].tree.likeliest(observer.max_observed_nodes) for i in members]
         blocks.append(observer.tree_request([jobs[i].logits for i in members], nodes))
-        observed.append(nodes)
+        chosen_nodes.append(nodes)
         spent.append(time.perf_counter() - started)
     host = _read_together(blocks, host_arrays=all(transfer.computes_on_host(job.logits) for job in jobs))
-    for (observer, members), nodes, columns, requested in zip(groups, observed, host[len(jobs) :], spent):
+    for (observer, members), nodes, columns, requested in zip(groups, chosen_nodes, host[len(jobs) :], spent):
         started = time.perf_counter()
         row = 0
         for i, chosen in zip(members, nodes):
@@ -350,14 +358,14 @@ def read_verdicts(jobs: Sequence[TreeJob], do_sample: bool) -> list[Verdict]:
             row += chosen.shape[0]
         share = (requested + time.perf_counter() - started) / len(members)  # the trees share the group's time
         for i in members:
-            jobs[i].spent(observer, share)
+            observed[i][observer.name] = observed[i].get(observer.name, 0.0) + share
     verdicts = []
     for job, rewind, picks in zip(jobs, rewinds, host):
         verdict = walk(job.tree, picks)
         if rewind is not None:
             rewind(int(verdict.accepted.shape[0]))
         verdicts.append(verdict)
-    return verdicts
+    return verdicts, observed
 
 
 def _read_together(blocks: Sequence[torch.Tensor], host_arrays: bool) -> list[np.ndarray]:

@@ -96,7 +96,7 @@ class RequestChains:
         if not 0.0 <= min_prob <= 1.0:
             raise ValueError("min_prob must lie in [0, 1]")
         self.drafters = [*drafters, *fallbacks]  # a request's handles in this order
-        self.first = len(drafters)  # handles past this one are the fallbacks
+        self.fallbacks_from = len(drafters)  # the index of the first fallback handle
         self.max_tokens = max_tokens
         self.max_model_len = max_model_len
         self.min_prob = min_prob
@@ -234,10 +234,10 @@ class RequestChains:
             request.buffer = Proposals([handle.name for handle in request.handles])
         proposals = request.buffer  # last step's drafts were graded before this call drafts again
         proposals.clear()
-        for handle in request.handles[: self.first]:
+        for handle in request.handles[: self.fallbacks_from]:
             handle.propose_into(context, room, proposals.writer(handle.name))
         if not proposals.count:
-            for handle in request.handles[self.first:]:
+            for handle in request.handles[self.fallbacks_from:]:
                 handle.propose_into(context, room, proposals.writer(handle.name))
         if not proposals.count:
             return None, none

@@ -21,7 +21,12 @@ first accept unlike, and go unread again once the rows left see every slot.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
+
+# What ``_kept`` is given for ``visible`` / ``slot_pos`` while the slots are dense (it writes neither).
+_NO_MASK = np.zeros((0, 0), dtype=bool)
+_NO_POSITIONS = np.zeros((0, 0), dtype=np.int64)
 
 
 class RowSlots:
@@ -62,33 +67,28 @@ class RowSlots:
     def keep(self, nodes: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Keep, per row, the new slots of tree ``nodes[i]`` (increasing, starting with root 0, a
         path from the root) after that row's kept tokens, and hide the rest; T becomes the longest
-        row's end. Every row at once: no step's work is a loop over rows.
+        row's end. Every row at once, in one compiled pass (``_kept``): no step's work is a loop
+        over rows, nor a dozen small numpy calls.
 
         Returns the cache moves that takes, each shape (m,) int64: rows, source slots, target
         slots (a dense row's accepted chain is already in place and is not listed).
         """
         base = self.length
         counts = np.fromiter((kept.shape[0] for kept in nodes), dtype=np.int64, count=len(nodes))
-        kept = np.concatenate(nodes)
-        owner = np.repeat(np.arange(counts.shape[0]), counts)  # (n,) the row of each kept node
-        offset = np.arange(kept.shape[0]) - np.repeat(np.cumsum(counts) - counts, counts)  # its place in the row's path
-        target = self.ends[owner] + offset
+        kept = nodes[0] if len(nodes) == 1 else np.concatenate(nodes)
         if self.dense and counts.min() != counts.max():  # rows accepted unlike: gaps appear, write the rows out
             # Every row ends at ``base`` and keeps its tokens from there, so slot j holds position j
-            # up to the longest row's end; shorter rows' tails are hidden below.
+            # up to the longest row's end; shorter rows' tails are hidden by ``_kept``.
             length = base + int(counts.max())
             self.visible = np.ones((self.rows, length), dtype=bool)
             self.slot_pos = np.broadcast_to(np.arange(length), (self.rows, length)).copy()
             self.dense = False
-        if not self.dense:
-            self.visible &= np.arange(self.visible.shape[1])[None, :] < self.ends[:, None]
-            self.visible[owner, target] = True
-            self.slot_pos[owner, target] = self.next_pos[owner] + offset
-        moved = target != base + kept
-        self.ends += counts
-        self.next_pos += counts
+        # dense slots: visible / slot_pos are not touched (nor typed: they may be read-only views)
+        visible, slot_pos = (_NO_MASK, _NO_POSITIONS) if self.dense else (self.visible, self.slot_pos)
+        moves = _kept(counts, np.asarray(kept, dtype=np.int64), base, self.ends, self.next_pos,
+                      visible, slot_pos, not self.dense)
         self.truncate(int(self.ends.max()))
-        return owner[moved], base + kept[moved], target[moved]
+        return moves
 
     def drop(self, row: int) -> None:
         """Remove ``row``: the last row takes its place (T is left as it is)."""
@@ -111,3 +111,31 @@ class RowSlots:
         if not self.dense:
             self.visible, self.slot_pos = self.visible[:, :length], self.slot_pos[:, :length]
         self.length = length
+
+
+@numba.njit(cache=True, nogil=True)
+def _kept(counts, kept, base, ends, next_pos, visible, slot_pos, write_out):  # pragma: no cover - compiled
+    """``RowSlots.keep``'s work: row r keeps ``counts[r]`` nodes, the next run of ``kept`` (n,)
+    int64 (tree node indices: node j was written at slot ``base + j``), into its slots from
+    ``ends[r]`` on. With ``write_out`` (slots not dense) each row's ``visible`` (B, T) is cut at
+    its end, its kept slots shown and their ``slot_pos`` (B, T) set from ``next_pos``. ``ends`` and
+    ``next_pos`` (B,) advance by ``counts``. Returns the moves (rows, source slots, target slots),
+    each (m,) int64, for the kept nodes not already in place."""
+    n = kept.shape[0]
+    rows, sources, targets = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    m, i = 0, 0
+    for r in range(counts.shape[0]):
+        if write_out:
+            visible[r, ends[r]:] = False
+        for j in range(counts[r]):
+            target = ends[r] + j
+            if write_out:
+                visible[r, target] = True
+                slot_pos[r, target] = next_pos[r] + j
+            if target != base + kept[i]:
+                rows[m], sources[m], targets[m] = r, base + kept[i], target
+                m += 1
+            i += 1
+        ends[r] += counts[r]
+        next_pos[r] += counts[r]
+    return rows[:m].copy(), sources[:m].copy(), targets[:m].copy()

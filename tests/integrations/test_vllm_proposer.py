@@ -196,8 +196,8 @@ def test_a_datastore_drafts_for_the_requests(tmp_path):
     settings = ProposerSettings(datastores=(str(tmp_path / "store"),), min_prob=0.0, step_cost=None)
     proposer_ = RetrievalDraftProposer(vllm_config(), settings, tokenizer=tokenizer)
     chains = proposer_.chains
-    assert [drafter.name for drafter in chains.drafters[: chains.first]] == ["prompt", "history"]
-    assert [drafter.name for drafter in chains.drafters[chains.first:]] == ["ngram", "suffix"]  # the fallbacks
+    assert [drafter.name for drafter in chains.drafters[: chains.fallbacks_from]] == ["prompt", "history"]
+    assert [drafter.name for drafter in chains.drafters[chains.fallbacks_from:]] == ["ngram", "suffix"]  # the fallbacks
     ids = tokenizer("h a b")["input_ids"]
     drafts, _ = first_step(proposer_, [ids], [tokenizer.convert_tokens_to_ids("c")])
     assert tokenizer.convert_ids_to_tokens(drafts[0]) == ["d", "e", "f", "g"]  # the request's own text has none

@@ -51,3 +51,58 @@ def test_new_slots_stay_hidden_until_kept_and_a_dropped_row_gives_its_place_to_t
     slots.settle()
     assert slots.rows == 1 and slots.ends.tolist() == [7] and slots.next_pos.tolist() == [7]
     assert slots.dense and slots.length == 7  # the row left sees every slot it holds
+
+
+def reference_keep(slots: RowSlots, nodes: list[np.ndarray]):
+    """What ``keep`` does, written plainly row by row: (visible, slot_pos, ends, next_pos, moves)."""
+    base, dense = slots.length, slots.dense
+    counts = [len(kept) for kept in nodes]
+    visible, slot_pos = slots.visible.copy(), slots.slot_pos.copy()
+    if dense and min(counts) != max(counts):
+        length = base + max(counts)
+        visible = np.ones((slots.rows, length), dtype=bool)
+        slot_pos = np.tile(np.arange(length), (slots.rows, 1))
+        dense = False
+    ends, next_pos, moves = slots.ends.copy(), slots.next_pos.copy(), []
+    for row, kept in enumerate(nodes):
+        if not dense:
+            visible[row, ends[row]:] = False
+        for j, node in enumerate(kept):
+            target = ends[row] + j
+            if not dense:
+                visible[row, target], slot_pos[row, target] = True, next_pos[row] + j
+            if target != base + node:
+                moves.append((row, base + node, target))
+        ends[row] += len(kept)
+        next_pos[row] += len(kept)
+    length = int(ends.max())
+    return dense, visible[:, :length], slot_pos[:, :length], ends, next_pos, moves
+
+
+def test_keep_equals_the_row_by_row_reference_on_random_batches():
+    """Random rows (padded unlike or dense), random trees opened, random accepted paths, several
+    steps: keep's compiled pass leaves the same slots, ends and positions and lists the same moves."""
+    rng = np.random.default_rng(7)
+    for trial in range(30):
+        rows = int(rng.integers(1, 5))
+        lengths = rng.integers(1, 6, size=rows) if trial % 2 else np.full(rows, 4)
+        width = int(lengths.max())
+        visible = np.zeros((rows, width), dtype=bool)
+        for row, length in enumerate(lengths):
+            visible[row, width - length :] = True
+        slots = RowSlots(visible, np.maximum(np.cumsum(visible, axis=1) - 1, 0))
+        for _ in range(4):
+            tree_width = int(rng.integers(1, 6))
+            slots.open(slots.next_pos[:, None] + np.arange(tree_width)[None, :])
+            nodes = []
+            for _ in range(rows):
+                depth = int(rng.integers(0, tree_width))
+                path = np.sort(rng.choice(np.arange(1, tree_width), size=depth, replace=False)) if depth else []
+                nodes.append(np.concatenate([[0], path]).astype(np.int64))
+            dense, want_visible, want_pos, ends, next_pos, moves = reference_keep(slots, nodes)
+            got = slots.keep(nodes)
+            assert list(zip(*(part.tolist() for part in got))) == moves
+            assert slots.ends.tolist() == ends.tolist() and slots.next_pos.tolist() == next_pos.tolist()
+            assert slots.dense == dense and slots.length == int(ends.max())
+            if not dense:
+                assert np.array_equal(slots.visible, want_visible) and np.array_equal(slots.slot_pos, want_pos)
