@@ -172,7 +172,7 @@ class Proposals:
         """(d,) int64: how many leading tokens of each draft equal ``truth`` (t,) int64, the tokens
         the model produced (``matched_prefixes``)."""
         if not self.count:
-            return _NO_DRAFTS
+            return EMPTY_INT64
         return matched_prefixes(self.tokens[: self.used], self.lengths[: self.count], truth)
 
     def drafts(self) -> list[Draft]:
@@ -201,8 +201,10 @@ class Proposals:
 
 _RANGE = np.arange(64, dtype=np.int64)  # the depths of a draft's first 64 entries (never written)
 _RANGE.flags.writeable = False
-_NO_DRAFTS = np.empty(0, dtype=np.int64)  # ``matched`` of a row that drafted nothing
-_NO_DRAFTS.flags.writeable = False
+# An empty (0,) int64 array, read only, shared by the step's shortcuts for rows with nothing to
+# process: ``Proposals.matched`` of no drafts, ``DraftTree.ranked`` of a lone root, a lone root's verdict.
+EMPTY_INT64 = np.empty(0, dtype=np.int64)
+EMPTY_INT64.flags.writeable = False
 
 
 def owner_runs(owners: np.ndarray) -> list[tuple[int, int, int]]:

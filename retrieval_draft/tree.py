@@ -13,11 +13,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from retrieval_draft.draft import Draft, Proposals
-
-
-_NO_NODES = np.empty(0, dtype=np.int64)  # a lone root's draft nodes (``DraftTree.ranked``)
-_NO_NODES.flags.writeable = False
+from retrieval_draft.draft import EMPTY_INT64, Draft, Proposals
 
 
 @dataclass(frozen=True)
@@ -75,7 +71,7 @@ class DraftTree:
     def ranked(self) -> np.ndarray:
         """The draft nodes' indices, shape (n - 1,) int64, by decreasing ``probs`` (ties to the lower index)."""
         if self.size == 1:  # a lone root (most rows of a fresh batch): nothing to sort
-            return _NO_NODES
+            return EMPTY_INT64
         return np.argsort(-self.probs[1:], kind="stable") + 1
 
     def ancestor_mask(self) -> np.ndarray:

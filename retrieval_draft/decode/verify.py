@@ -29,7 +29,7 @@ import numba
 import numpy as np
 import torch
 
-from retrieval_draft.draft import Drafter
+from retrieval_draft.draft import EMPTY_INT64, Drafter
 from retrieval_draft.model import transfer
 from retrieval_draft.model.transfer import to_host
 from retrieval_draft.tree import DraftTree
@@ -37,10 +37,6 @@ from retrieval_draft.tree import DraftTree
 # (input_ids of shape (1, L), scores of shape (1, V)) -> scores of shape (1, V);
 # a transformers LogitsProcessorList fits.
 LogitsProcessor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-_NONE_ACCEPTED = np.zeros(0, dtype=np.int64)  # read only: a lone root's verdict accepts nothing
-_NONE_ACCEPTED.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -144,7 +140,7 @@ def walk(tree: DraftTree, pick: "np.ndarray | Callable[[int], int]") -> Verdict:
     compiled walk takes the one step it allows).
     """
     if tree.size == 1:  # a lone root (most rows on fresh prompts): nothing to walk
-        return Verdict(_NONE_ACCEPTED, int(pick(0)) if callable(pick) else int(pick[0]))
+        return Verdict(EMPTY_INT64, int(pick(0)) if callable(pick) else int(pick[0]))
     if not callable(pick):
         accepted, last = _walked(tree.parents, tree.tokens, np.asarray(pick, dtype=np.int64), 0)
         return Verdict(accepted, int(pick[last]))
@@ -291,6 +287,11 @@ class TreeJob:
 ObservedSeconds = list[dict[str, float]]
 
 
+def _charge(spent: dict[str, float], observer: Drafter, seconds: float) -> None:
+    """``observer`` spent ``seconds`` more recording one job's tree (an entry of ``ObservedSeconds``)."""
+    spent[observer.name] = spent.get(observer.name, 0.0) + seconds
+
+
 def walks_on_host(device: torch.device, do_sample: bool, processor: LogitsProcessor | None) -> bool:
     """Whether to verify node by node (``verify_greedy`` / ``verify_sampling``) instead of
     ``read_verdicts``: on CPU, when sampling or processing (there the lazy walk does less work)."""
@@ -316,7 +317,7 @@ def verify_trees(jobs: Sequence[TreeJob], do_sample: bool) -> tuple[list[Verdict
         for observer in job.observers:
             started = time.perf_counter()
             observer.observe_tree(job.tree.tokens, job.logits, job.tree.likeliest(observer.max_observed_nodes))
-            observed[i][observer.name] = observed[i].get(observer.name, 0.0) + time.perf_counter() - started
+            _charge(observed[i], observer, time.perf_counter() - started)
     if fused:
         for i, verdict, seconds in zip(fused, *read_verdicts([jobs[i] for i in fused], do_sample)):
             verdicts[i], observed[i] = verdict, seconds
@@ -358,7 +359,7 @@ def read_verdicts(jobs: Sequence[TreeJob], do_sample: bool) -> tuple[list[Verdic
             row += chosen.shape[0]
         share = (requested + time.perf_counter() - started) / len(members)  # the trees share the group's time
         for i in members:
-            observed[i][observer.name] = observed[i].get(observer.name, 0.0) + share
+            _charge(observed[i], observer, share)
     verdicts = []
     for job, rewind, picks in zip(jobs, rewinds, host):
         verdict = walk(job.tree, picks)

@@ -75,7 +75,7 @@ class RowSlots:
         """
         base = self.length
         counts = np.fromiter((kept.shape[0] for kept in nodes), dtype=np.int64, count=len(nodes))
-        kept = nodes[0] if len(nodes) == 1 else np.concatenate(nodes)
+        kept = np.concatenate(nodes)
         if self.dense and counts.min() != counts.max():  # rows accepted unlike: gaps appear, write the rows out
             # Every row ends at ``base`` and keeps its tokens from there, so slot j holds position j
             # up to the longest row's end; shorter rows' tails are hidden by ``_kept``.
