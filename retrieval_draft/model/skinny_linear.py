@@ -5,8 +5,11 @@ at memory speed, but from four rows on it switches to a blocked GEMM that
 reads SmolLM2-135M's weights at about half that speed: a forward over 8 new
 tokens spent 45 ms in ``aten::mm`` against 21 ms for 1 token. ``skinny_matmul``
 streams each weight row once and multiplies it with every input row while
-it sits in L1: 2 input rows by 4 weight rows per inner loop, split over
-threads by weight rows. ``skinny_linears(skinny_forwards(linears))`` routes a
+it sits in L1, split over threads by weight rows: up to ``ROW_BY_ROW`` input
+rows it walks the weights one row after another (one sequential stream per
+thread, up to 4 input rows per pass), beyond that 2 input rows by 4 weight
+rows per inner loop (fewer reads of the inputs where the arithmetic, not the
+memory, sets the pace). ``skinny_linears(skinny_forwards(linears))`` routes a
 model's float32 ``nn.Linear`` layers through it for one forward on CPU; the sizes that
 use it are measured per model with the cost curve (``VerifyCost.skinny_sizes``).
 
@@ -33,17 +36,85 @@ from numba import njit, prange
 # MKL 63.7 ms, kernel 39.1 ms; 2 tokens 101.4 vs 45.4 ms; 3 tokens 128.6 vs 48.1 ms; 4 tokens 90.6 vs 48.5 ms;
 # there (2026-11-26, ``measure_cost``) 32 tokens 285-326 vs 167-185 ms, 64 tokens 317-462 vs 264-293 ms.
 SKINNY_ROWS = range(1, 65)
+# Up to this many input rows the weights are walked row by row (``_row_by_row``), beyond it in blocks of 4
+# rows (``_blocked``). All of a model's weight matrices on the 2-core AMD EPYC (2026-11-28, scratch timings,
+# the two alternated, medians, ms, blocked / row by row): SmolLM2-135M's 211, 1 row 24.7 / 22.4, 2 rows
+# 29.9 / 25.1, 4 rows 34.7 / 28.6, 8 rows 42.7 / 39.2, 16 rows 61.8 / 77.6 (a plain read of the same
+# weights: 20 ms); Gemma-3-270M's 127, 1 row 42.7 / 37.4, 4 rows 61.7 / 53.6, 8 rows 76.5 / 74.9, 12 rows
+# 98.0 / 111.2.
+ROW_BY_ROW = 8
 
 
-@njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
-def skinny_matmul(x, w, out):  # pragma: no cover - compiled
-    """out[m, o] = sum_k x[m, k] * w[o, k].
+def skinny_matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """out[m, o] = sum_k x[m, k] * w[o, k], each output element summed on one thread.
 
     Args:
         x: (M, K) float32, C-contiguous.
         w: (N, K) float32, C-contiguous (an ``nn.Linear`` weight).
         out: (M, N) float32, written.
     """
+    if x.shape[0] <= ROW_BY_ROW:
+        _row_by_row(x, w, out)
+    else:
+        _blocked(x, w, out)
+
+
+@njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
+def _row_by_row(x, w, out):  # pragma: no cover - compiled
+    """``skinny_matmul`` for a few input rows: each weight row is read once, in order, and multiplied
+    with 4, 3, 2 or 1 input rows per pass while it sits in L1."""
+    rows, depth = x.shape
+    for o in prange(w.shape[0]):
+        m = 0
+        while m + 4 <= rows:
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            for k in range(depth):
+                wk = w[o, k]
+                a0 += x[m, k] * wk
+                a1 += x[m + 1, k] * wk
+                a2 += x[m + 2, k] * wk
+                a3 += x[m + 3, k] * wk
+            out[m, o] = a0
+            out[m + 1, o] = a1
+            out[m + 2, o] = a2
+            out[m + 3, o] = a3
+            m += 4
+        if m + 3 == rows:
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            for k in range(depth):
+                wk = w[o, k]
+                a0 += x[m, k] * wk
+                a1 += x[m + 1, k] * wk
+                a2 += x[m + 2, k] * wk
+            out[m, o] = a0
+            out[m + 1, o] = a1
+            out[m + 2, o] = a2
+            m += 3
+        if m + 2 <= rows:
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            for k in range(depth):
+                wk = w[o, k]
+                a0 += x[m, k] * wk
+                a1 += x[m + 1, k] * wk
+            out[m, o] = a0
+            out[m + 1, o] = a1
+            m += 2
+        if m < rows:
+            a0 = np.float32(0.0)
+            for k in range(depth):
+                a0 += x[m, k] * w[o, k]
+            out[m, o] = a0
+
+
+@njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
+def _blocked(x, w, out):  # pragma: no cover - compiled
+    """``skinny_matmul`` for more input rows: 2 input rows by 4 weight rows per inner loop."""
     rows, depth = x.shape
     width = w.shape[0]
     blocks = (width + 3) // 4

@@ -28,8 +28,9 @@ from retrieval_draft.cache_dir import cache_file, write_cache_json
 from retrieval_draft.planning.cost import VerifyCost, plausible
 
 # Bump when the measurement or the decode path changes what a curve means.
-COST_FILE_FORMAT = 5  # 2: spiked probes are timed again (``cost.spiked``); 3: the skinny kernel competes from 1 row;
-# 4: and up to 64 rows; 5: sizes timed beside a lone root, with the time and origin of the measurement
+COST_FILE_FORMAT = 6  # 2: spiked probes are timed again (``cost.spiked``); 3: the skinny kernel competes from 1 row;
+# 4: and up to 64 rows; 5: sizes timed beside a lone root, with the time and origin of the measurement;
+# 6: the kernel walks the weights row by row up to ``skinny_linear.ROW_BY_ROW`` rows (small trees cost less)
 MAX_AGE_S = 7 * 24 * 3600.0  # a curve older than a week is measured again (a machine's load, clocks and libraries move)
 MEASURED, CORRECTED = "measured", "corrected"  # how a stored curve was made
 

@@ -16,7 +16,7 @@ from retrieval_draft.model.tree_model import TreeModel
 from tests.conftest import make_tiny_llama, random_prompt
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 16])
 @pytest.mark.parametrize("width", [4, 13, 64, 130])
 def test_skinny_matmul_matches_torch(rows, width):
     rng = np.random.default_rng(rows * 1000 + width)
