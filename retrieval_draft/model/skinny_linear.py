@@ -6,10 +6,11 @@ reads SmolLM2-135M's weights at about half that speed: a forward over 8 new
 tokens spent 45 ms in ``aten::mm`` against 21 ms for 1 token. ``skinny_matmul``
 streams each weight row once and multiplies it with every input row while
 it sits in L1, split over threads by weight rows: up to ``ROW_BY_ROW`` input
-rows it walks the weights one row after another (one sequential stream per
-thread, up to 4 input rows per pass), beyond that 2 input rows by 4 weight
-rows per inner loop (fewer reads of the inputs where the arithmetic, not the
-memory, sets the pace). ``skinny_linears(skinny_forwards(linears))`` routes a
+rows (of at least ``ROW_BY_ROW_DEPTH`` values) it walks the weights one row
+after another (one sequential stream per thread, up to 4 input rows per
+pass), beyond that 2 input rows by 4 weight rows per inner loop (fewer reads
+of the inputs where the arithmetic, not the memory, sets the pace).
+``skinny_linears(skinny_forwards(linears))`` routes a
 model's float32 ``nn.Linear`` layers through it for one forward on CPU; the sizes that
 use it are measured per model with the cost curve (``VerifyCost.skinny_sizes``).
 
@@ -43,6 +44,10 @@ SKINNY_ROWS = range(1, 65)
 # weights: 20 ms); Gemma-3-270M's 127, 1 row 42.7 / 37.4, 4 rows 61.7 / 53.6, 8 rows 76.5 / 74.9, 12 rows
 # 98.0 / 111.2.
 ROW_BY_ROW = 8
+# ... and when each weight row holds at least this many values: below it the row-by-row loop's set-up per
+# weight row outweighs its reads (a 49,152 x 64 output layer, one thread, 1 input row: 0.97 ms row by row
+# against 0.48 ms blocked; at 128 values 1.77 against 2.49 ms; scratch timings, 2026-11-28).
+ROW_BY_ROW_DEPTH = 128
 
 
 def skinny_matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
@@ -53,7 +58,7 @@ def skinny_matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
         w: (N, K) float32, C-contiguous (an ``nn.Linear`` weight).
         out: (M, N) float32, written.
     """
-    if x.shape[0] <= ROW_BY_ROW:
+    if x.shape[0] <= ROW_BY_ROW and x.shape[1] >= ROW_BY_ROW_DEPTH:
         _row_by_row(x, w, out)
     else:
         _blocked(x, w, out)

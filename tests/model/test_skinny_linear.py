@@ -18,10 +18,11 @@ from tests.conftest import make_tiny_llama, random_prompt
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 16])
 @pytest.mark.parametrize("width", [4, 13, 64, 130])
-def test_skinny_matmul_matches_torch(rows, width):
+@pytest.mark.parametrize("depth", [37, 131])  # below and above ROW_BY_ROW_DEPTH: both loops for up to 8 rows
+def test_skinny_matmul_matches_torch(rows, width, depth):
     rng = np.random.default_rng(rows * 1000 + width)
-    x = rng.standard_normal((rows, 37), dtype=np.float32)
-    w = rng.standard_normal((width, 37), dtype=np.float32)
+    x = rng.standard_normal((rows, depth), dtype=np.float32)
+    w = rng.standard_normal((width, depth), dtype=np.float32)
     out = np.full((rows, width), np.nan, dtype=np.float32)
     skinny_matmul(x, w, out)
     expected = (torch.from_numpy(x).double() @ torch.from_numpy(w).double().T).float().numpy()
