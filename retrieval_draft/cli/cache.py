@@ -92,7 +92,7 @@ def describe_curve(path: Path, now: float) -> str:
         return f"cost curve {path.name}: unreadable or of an older format (not used; measured again)"
     key = record.get("key", {})
     gpu = not str(key.get("device", "cpu")).startswith("cpu")
-    cost = VerifyCost(record["seconds"], record["skinny_sizes"])
+    cost = VerifyCost(record["seconds"], record["skinny_sizes"], row_by_row=record["row_by_row"])
     age = now - record["measured_at"]
     wrong = implausible_sizes(cost, gpu)
     used = "used" if 0 <= age <= MAX_AGE_S and not wrong.size else "NOT used (measured again at the next call)"
@@ -104,7 +104,8 @@ def describe_curve(path: Path, now: float) -> str:
         f"  {record.get('origin', '?')} {age / 3600:.1f} h ago; {used}",
         f"  lone root {1000 * lone:.1f} ms; in lone roots {prices}",
         f"  plausible: {'yes' if not wrong.size else f'no, too dear at {_sizes(wrong)} tokens'}",
-        f"  matmul kernel at sizes: {_sizes(np.array(sorted(cost.skinny_sizes))) if cost.skinny_sizes else 'none'}",
+        f"  matmul kernel at sizes: {_sizes(np.array(sorted(cost.skinny_sizes))) if cost.skinny_sizes else 'none'}"
+        f"{', walking the weights row by row for few rows' if cost.row_by_row and cost.skinny_sizes else ''}",
         "  would verify: " + ", ".join(f"{planned_nodes(cost, p)} nodes for a chain accepted at {p}" for p in CHAIN_RATES),
     ]
     return "\n".join(lines)

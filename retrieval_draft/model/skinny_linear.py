@@ -5,11 +5,12 @@ at memory speed, but from four rows on it switches to a blocked GEMM that
 reads SmolLM2-135M's weights at about half that speed: a forward over 8 new
 tokens spent 45 ms in ``aten::mm`` against 21 ms for 1 token. ``skinny_matmul``
 streams each weight row once and multiplies it with every input row while
-it sits in L1, split over threads by weight rows: up to ``ROW_BY_ROW`` input
-rows (of at least ``ROW_BY_ROW_DEPTH`` values) it walks the weights one row
-after another (one sequential stream per thread, up to 4 input rows per
-pass), beyond that 2 input rows by 4 weight rows per inner loop (fewer reads
-of the inputs where the arithmetic, not the memory, sets the pace).
+it sits in L1, split over threads by weight rows, 2 input rows by 4 weight
+rows per inner loop (``_blocked``). Where it is faster on the machine
+(``walks_faster``, measured with the cost curve: so on a 2-core AMD EPYC, not
+on a 2-core AVX-512 Xeon), up to ``ROW_BY_ROW`` input rows of at least
+``ROW_BY_ROW_DEPTH`` values walk the weights one row after another instead
+(``_row_by_row``: one sequential stream per thread, up to 4 input rows per pass).
 ``skinny_linears(skinny_forwards(linears))`` routes a
 model's float32 ``nn.Linear`` layers through it for one forward on CPU; the sizes that
 use it are measured per model with the cost curve (``VerifyCost.skinny_sizes``).
@@ -37,12 +38,14 @@ from numba import njit, prange
 # MKL 63.7 ms, kernel 39.1 ms; 2 tokens 101.4 vs 45.4 ms; 3 tokens 128.6 vs 48.1 ms; 4 tokens 90.6 vs 48.5 ms;
 # there (2026-11-26, ``measure_cost``) 32 tokens 285-326 vs 167-185 ms, 64 tokens 317-462 vs 264-293 ms.
 SKINNY_ROWS = range(1, 65)
-# Up to this many input rows the weights are walked row by row (``_row_by_row``), beyond it in blocks of 4
-# rows (``_blocked``). All of a model's weight matrices on the 2-core AMD EPYC (2026-11-28, scratch timings,
-# the two alternated, medians, ms, blocked / row by row): SmolLM2-135M's 211, 1 row 24.7 / 22.4, 2 rows
-# 29.9 / 25.1, 4 rows 34.7 / 28.6, 8 rows 42.7 / 39.2, 16 rows 61.8 / 77.6 (a plain read of the same
-# weights: 20 ms); Gemma-3-270M's 127, 1 row 42.7 / 37.4, 4 rows 61.7 / 53.6, 8 rows 76.5 / 74.9, 12 rows
-# 98.0 / 111.2.
+# Where walking row by row is faster on the machine (``walks_faster``), up to this many input rows the
+# weights are walked row by row (``_row_by_row``), beyond it in blocks of 4 rows (``_blocked``). All of a
+# model's weight matrices (scratch timings, the two alternated, ms, blocked / row by row): on a 2-core AMD
+# EPYC (AVX2, 2026-11-28, medians) SmolLM2-135M's 211, 1 row 24.7 / 22.4, 2 rows 29.9 / 25.1, 4 rows
+# 34.7 / 28.6, 8 rows 42.7 / 39.2, 16 rows 61.8 / 77.6 (a plain read of the same weights: 20 ms);
+# Gemma-3-270M's 127, 1 row 42.7 / 37.4, 4 rows 61.7 / 53.6, 8 rows 76.5 / 74.9, 12 rows 98.0 / 111.2.
+# On a 2-core AVX-512 Xeon (2026-11-28, the best of 14) the other way round: SmolLM2-135M's 211, 1 row
+# 18.7 / 22.4, 2 rows 21.7 / 24.6, 4 rows 26.0 / 31.2, 8 rows 31.6 / 36.6.
 ROW_BY_ROW = 8
 # ... and when each weight row holds at least this many values: below it the row-by-row loop's set-up per
 # weight row outweighs its reads (a 49,152 x 64 output layer, one thread, 1 input row: 0.97 ms row by row
@@ -50,18 +53,55 @@ ROW_BY_ROW = 8
 ROW_BY_ROW_DEPTH = 128
 
 
-def skinny_matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+def skinny_matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray, row_by_row: bool = False) -> None:
     """out[m, o] = sum_k x[m, k] * w[o, k], each output element summed on one thread.
 
     Args:
         x: (M, K) float32, C-contiguous.
         w: (N, K) float32, C-contiguous (an ``nn.Linear`` weight).
         out: (M, N) float32, written.
+        row_by_row: walk the weights row by row where the input's shape allows (``ROW_BY_ROW``,
+            ``ROW_BY_ROW_DEPTH``): the machine's choice, ``walks_faster``.
     """
-    if x.shape[0] <= ROW_BY_ROW and x.shape[1] >= ROW_BY_ROW_DEPTH:
+    if row_by_row and x.shape[0] <= ROW_BY_ROW and x.shape[1] >= ROW_BY_ROW_DEPTH:
         _row_by_row(x, w, out)
     else:
         _blocked(x, w, out)
+
+
+def walks_faster(linears: list[torch.nn.Linear], rows: tuple[int, ...] = (1, 4), rounds: int = 2) -> bool:
+    """Whether walking the weights row by row beats the blocked loop on this machine: both loops
+    multiply random inputs of each of ``rows`` by every weight of ``linears`` (from
+    ``eligible_linears``; those ``_row_by_row`` would take), one pass over all of them per timing,
+    as a forward streams them; ``rounds`` passes per loop and row count, the loops alternated, the
+    fastest pass of each kept (other work only slows a pass). One-off, with the cost curve: about
+    0.2 s for SmolLM2-135M's 211 matrices on a 2-core Xeon. The kernel runs on the threads
+    ``skinny_linears`` gives it."""
+    weights = [m.weight.detach().numpy() for m in linears if m.weight.shape[1] >= ROW_BY_ROW_DEPTH]
+    if not weights:
+        return False
+    generator = np.random.default_rng(0)
+    threads, most = _kernel_threads()
+    numba.set_num_threads(most)
+    try:
+        spent = {True: 0.0, False: 0.0}
+        for count in rows:
+            inputs = [generator.standard_normal((count, w.shape[1]), dtype=np.float32) for w in weights]
+            outputs = [np.empty((count, w.shape[0]), np.float32) for w in weights]
+            for loop in (_row_by_row, _blocked):  # loaded (or compiled) untimed
+                loop(inputs[0], weights[0], outputs[0])
+            best = {True: np.inf, False: np.inf}
+            for turn in range(2 * rounds):
+                walk = turn % 2 == (count % 2)
+                started = time.perf_counter()
+                for x, w, out in zip(inputs, weights, outputs):
+                    (_row_by_row if walk else _blocked)(x, w, out)
+                best[walk] = min(best[walk], time.perf_counter() - started)
+            for walk in best:
+                spent[walk] += best[walk]
+        return spent[True] < spent[False]
+    finally:
+        numba.set_num_threads(threads)
 
 
 @njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
@@ -186,12 +226,12 @@ def _blocked(x, w, out):  # pragma: no cover - compiled
 
 def skinny_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` through ``skinny_matmul``; x is (..., K) float32 on CPU, returns (..., N)."""
-    return _linear_forward(module.weight.detach().numpy(), module.bias, x)
+    return _linear_forward(module.weight.detach().numpy(), module.bias, False, x)
 
 
-def _linear_forward(weight: np.ndarray, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T + bias`` through ``skinny_matmul``: x is (..., K) float32 on CPU, weight
-    (N, K) float32 C-contiguous; returns (..., N).
+def _linear_forward(weight: np.ndarray, bias: torch.Tensor | None, row_by_row: bool, x: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T + bias`` through ``skinny_matmul`` (``row_by_row`` passed on): x is (..., K)
+    float32 on CPU, weight (N, K) float32 C-contiguous; returns (..., N).
 
     A forward makes one call per linear layer (211 for SmolLM2-135M), so the
     wrapping stays in numpy: reshaping and allocating through torch cost about
@@ -200,7 +240,7 @@ def _linear_forward(weight: np.ndarray, bias: torch.Tensor | None, x: torch.Tens
     rows = x.detach().numpy()
     width = weight.shape[0]
     out = np.empty(rows.shape[:-1] + (width,), dtype=np.float32)
-    skinny_matmul(np.ascontiguousarray(rows.reshape(-1, rows.shape[-1])), weight, out.reshape(-1, width))
+    skinny_matmul(np.ascontiguousarray(rows.reshape(-1, rows.shape[-1])), weight, out.reshape(-1, width), row_by_row)
     result = torch.from_numpy(out)
     if bias is not None:
         result += bias.detach()
@@ -222,10 +262,24 @@ def eligible_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
     return found
 
 
-def skinny_forwards(linears: list[torch.nn.Linear]) -> list[tuple[torch.nn.Linear, Callable]]:
-    """Each of ``linears`` (from ``eligible_linears``) with its forward through ``skinny_matmul``,
-    built once (a tree model holds them for its generation) and switched on by ``skinny_linears``."""
-    return [(module, partial(_linear_forward, module.weight.detach().numpy(), module.bias)) for module in linears]
+def skinny_forwards(linears: list[torch.nn.Linear], row_by_row: bool = False) -> list[tuple[torch.nn.Linear, Callable]]:
+    """Each of ``linears`` (from ``eligible_linears``) with its forward through ``skinny_matmul``
+    (walking the weights row by row for few rows where ``row_by_row``), built once (a tree model
+    holds them for its generation) and switched on by ``skinny_linears``."""
+    return [(module, partial(_linear_forward, module.weight.detach().numpy(), module.bias, row_by_row))
+            for module in linears]
+
+
+def _kernel_threads() -> tuple[int, int]:
+    """(Numba's thread count now, to restore; the kernel's threads: torch's count, at most Numba's pool)."""
+    torch_threads = torch.get_num_threads()
+    threads = numba.get_num_threads()
+    if torch.get_num_threads() != torch_threads:
+        # Numba's first thread query starts its OpenMP pool, which can set OpenMP's thread count for
+        # this thread to every core: seen with OMP_NUM_THREADS=1 and torch at 1 thread, torch then ran
+        # 2 threads for the rest of the process. The caller's torch setting stands.
+        torch.set_num_threads(torch_threads)
+    return threads, max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS))
 
 
 class KernelThreads:
@@ -270,14 +324,7 @@ def skinny_linears(forwards: list[tuple[torch.nn.Linear, Callable]], pacing: Ker
     if not forwards:  # the common case in the decode loop: nothing to switch
         yield
         return
-    torch_threads = torch.get_num_threads()
-    threads = numba.get_num_threads()
-    if torch.get_num_threads() != torch_threads:
-        # Numba's first thread query starts its OpenMP pool, which can set OpenMP's thread count for
-        # this thread to every core: seen with OMP_NUM_THREADS=1 and torch at 1 thread, torch then ran
-        # 2 threads for the rest of the process. The caller's torch setting stands.
-        torch.set_num_threads(torch_threads)
-    most = max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS))
+    threads, most = _kernel_threads()
     running = pacing.count(most) if pacing is not None else most
     numba.set_num_threads(running)
     # Written to the instances' __dict__: nn.Module.__setattr__ costs several times more, per layer and forward.

@@ -102,12 +102,26 @@ class TreeModel:
             probe_chain_forward(model, self._fresh_cache, self.layout)
         self._sdpa_configs = sdpa_configs(model)
         self.grouped_attention = grouped_attention
-        self._skinny = skinny_forwards(eligible_linears(model)) if self.device.type == "cpu" else []
+        self._linears = eligible_linears(model) if self.device.type == "cpu" else []
+        self._row_by_row = False
+        self._skinny = skinny_forwards(self._linears)
         self.skinny_sizes = frozenset(SKINNY_ROWS if skinny_sizes is None else skinny_sizes) if self._skinny else frozenset()
         self.kernel_threads = KernelThreads()  # one thread for the kernel while the machine is busy
         self.cache = self._fresh_cache()
         self.pools: list[KVPool] = []  # the cache's layers pooled after each prefill (``kv_cache.pooled``)
         self.slots = RowSlots.empty()
+
+    @property
+    def row_by_row(self) -> bool:
+        """Whether the skinny matmul walks the weights row by row for few rows (``skinny_linear.walks_faster``:
+        the machine's choice, kept with the cost curve); False (the blocked loop) until set."""
+        return self._row_by_row
+
+    @row_by_row.setter
+    def row_by_row(self, walk: bool) -> None:
+        if walk != self._row_by_row:
+            self._row_by_row = walk
+            self._skinny = skinny_forwards(self._linears, walk)
 
     @property
     def rows(self) -> int:

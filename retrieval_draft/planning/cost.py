@@ -14,7 +14,7 @@ measurement also times probed sizes with and without the skinny matmul
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numba
 import numpy as np
@@ -31,11 +31,14 @@ class VerifyCost:
             None leaves ``TreeModel``'s default.
         steady: False when the machine's speed changed during the measurement
             (then the curve is used but not kept on disk).
+        row_by_row: the skinny matmul walks the weights row by row for few rows on this machine
+            (``skinny_linear.walks_faster``, decided when the curve's measurement starts; ``TreeModel.row_by_row``).
     """
 
     seconds: np.ndarray
     skinny_sizes: frozenset | None = None
     steady: bool = True
+    row_by_row: bool = False
 
     @property
     def max_nodes(self) -> int:
@@ -43,7 +46,8 @@ class VerifyCost:
 
     @classmethod
     def from_points(
-        cls, sizes, seconds, max_nodes: int = 64, skinny_sizes: frozenset | None = None, steady: bool = True
+        cls, sizes, seconds, max_nodes: int = 64, skinny_sizes: frozenset | None = None, steady: bool = True,
+        row_by_row: bool = False,
     ) -> "VerifyCost":
         """Linear interpolation through measured (size, seconds) points, non-decreasing (a dip is
         raised to the smaller sizes' level; ``cost_probe`` re-times spikes before this)."""
@@ -51,7 +55,7 @@ class VerifyCost:
         curve = np.interp(grid, np.asarray(sizes, float), np.asarray(seconds, float))
         curve = np.maximum.accumulate(curve)
         curve[0] = curve[1]
-        return cls(curve, skinny_sizes, steady)
+        return cls(curve, skinny_sizes, steady, row_by_row)
 
 
 # What a forward can plausibly cost, in lone roots (one forward over one new token):
@@ -88,7 +92,7 @@ def clamped(cost: VerifyCost, gpu: bool = False) -> VerifyCost:
     """``cost`` with every size lowered to its ``plausible_limit`` (still non-decreasing)."""
     sizes = np.arange(cost.seconds.shape[0])
     seconds = np.minimum(cost.seconds, plausible_limit(float(cost.seconds[1]), sizes, gpu))
-    return VerifyCost(seconds, cost.skinny_sizes, cost.steady)
+    return replace(cost, seconds=seconds)
 
 
 class ObservedCost:
@@ -162,7 +166,7 @@ class ObservedCost:
         ratio, seen = self._at(*self.cell(rows, cache_len))
         if not seen.any():
             return cost
-        return VerifyCost(corrected_curve(cost.seconds, ratio, seen, self.bands_up_to(cost.max_nodes)), cost.skinny_sizes, cost.steady)
+        return replace(cost, seconds=corrected_curve(cost.seconds, ratio, seen, self.bands_up_to(cost.max_nodes)))
 
     def bands_up_to(self, max_nodes: int) -> np.ndarray:
         """``size_bands`` of every size 0..``max_nodes`` (shape (max_nodes + 1,)), kept per length."""
@@ -205,7 +209,7 @@ class ObservedCost:
         factor = np.where(cheaper, self.ratio[0, 0], 1.0)[self.size_bands(np.arange(cost.seconds.shape[0]))]
         seconds = np.minimum.accumulate((cost.seconds * factor)[::-1])[::-1]
         seconds[0] = seconds[1]
-        return VerifyCost(seconds, cost.skinny_sizes, cost.steady)
+        return replace(cost, seconds=seconds)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -28,9 +28,10 @@ from retrieval_draft.cache_dir import cache_file, write_cache_json
 from retrieval_draft.planning.cost import VerifyCost, plausible
 
 # Bump when the measurement or the decode path changes what a curve means.
-COST_FILE_FORMAT = 6  # 2: spiked probes are timed again (``cost.spiked``); 3: the skinny kernel competes from 1 row;
+COST_FILE_FORMAT = 7  # 2: spiked probes are timed again (``cost.spiked``); 3: the skinny kernel competes from 1 row;
 # 4: and up to 64 rows; 5: sizes timed beside a lone root, with the time and origin of the measurement;
-# 6: the kernel walks the weights row by row up to ``skinny_linear.ROW_BY_ROW`` rows (small trees cost less)
+# 6: the kernel walks the weights row by row up to ``skinny_linear.ROW_BY_ROW`` rows (small trees cost less);
+# 7: ... only where that is faster on the machine (``row_by_row``, measured with the curve)
 MAX_AGE_S = 7 * 24 * 3600.0  # a curve older than a week is measured again (a machine's load, clocks and libraries move)
 MEASURED, CORRECTED = "measured", "corrected"  # how a stored curve was made
 
@@ -83,18 +84,20 @@ def read_cost(path: Path, key: dict, now: float | None = None) -> VerifyCost | N
     now = time.time() if now is None else now
     if not 0.0 <= now - body["measured_at"] <= MAX_AGE_S:
         return None
-    cost = VerifyCost(body["seconds"], body["skinny_sizes"])
+    cost = VerifyCost(body["seconds"], body["skinny_sizes"], row_by_row=body["row_by_row"])
     return cost if plausible(cost, gpu=not str(key.get("device", "cpu")).startswith("cpu")) else None
 
 
 def read_record(path: Path) -> dict | None:
-    """The stored record at ``path`` with ``seconds`` as an array and ``skinny_sizes`` as a frozenset
-    (or None), or None if absent or damaged; its age and plausibility are not judged here."""
+    """The stored record at ``path`` with ``seconds`` as an array, ``skinny_sizes`` as a frozenset
+    (or None) and ``row_by_row`` (False where a record has none), or None if absent or damaged; its
+    age and plausibility are not judged here."""
     try:
         body = json.loads(path.read_bytes())
         seconds = np.asarray(body["seconds"], dtype=np.float64)
         skinny = body.get("skinny_sizes")
         measured_at = float(body["measured_at"])
+        row_by_row = body.get("row_by_row", False)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
     if seconds.ndim != 1 or seconds.size < 2 or not np.all(np.isfinite(seconds)) or np.any(seconds <= 0):
@@ -103,7 +106,10 @@ def read_record(path: Path) -> dict | None:
         return None
     if skinny is not None and not (isinstance(skinny, list) and all(isinstance(s, int) for s in skinny)):
         return None
-    return {**body, "seconds": seconds, "skinny_sizes": None if skinny is None else frozenset(skinny), "measured_at": measured_at}
+    if not isinstance(row_by_row, bool):
+        return None
+    return {**body, "seconds": seconds, "skinny_sizes": None if skinny is None else frozenset(skinny),
+            "measured_at": measured_at, "row_by_row": row_by_row}
 
 
 def write_cost(path: Path, key: dict, cost: VerifyCost, origin: str = MEASURED) -> None:
@@ -112,6 +118,7 @@ def write_cost(path: Path, key: dict, cost: VerifyCost, origin: str = MEASURED) 
         "key": key,
         "seconds": cost.seconds.tolist(),
         "skinny_sizes": None if cost.skinny_sizes is None else sorted(cost.skinny_sizes),
+        "row_by_row": cost.row_by_row,
         "measured_at": time.time(),
         "origin": origin,
     }

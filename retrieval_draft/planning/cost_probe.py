@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from retrieval_draft.model.skinny_linear import SKINNY_ROWS, eligible_linears
+from retrieval_draft.model.skinny_linear import SKINNY_ROWS, eligible_linears, walks_faster
 from retrieval_draft.planning.cost import VerifyCost
 from retrieval_draft.planning.timing import ForwardTimer
 
@@ -80,12 +80,16 @@ class CostProbe:
         sizes: tree sizes to probe, in tokens (the first is the lone root, normally 1).
         kernel_possible: the model can take the skinny matmul (float32 on CPU).
         setup_each_size: run each size once untimed first (a GPU's first forward of a shape).
+        row_by_row: the kernel's loop on this machine (``skinny_linear.walks_faster``), which
+            the timed forwards run and the curve keeps.
     """
 
-    def __init__(self, sizes=PROBE_SIZES, kernel_possible: bool = False, setup_each_size: bool = False) -> None:
+    def __init__(self, sizes=PROBE_SIZES, kernel_possible: bool = False, setup_each_size: bool = False,
+                 row_by_row: bool = False) -> None:
         self.sizes = tuple(sorted(set(int(s) for s in sizes)))
         self.kernel_possible = kernel_possible
         self.setup_each_size = setup_each_size
+        self.row_by_row = row_by_row
         # first size: seconds; larger sizes: seconds over the lone root timed just before them
         self.kernel: dict[int, float] = {}  # through the skinny matmul
         self.plain: dict[int, float] = {}  # through the plain path
@@ -207,7 +211,8 @@ class CostProbe:
         steady = self.settled is None or abs(self.settled - measured) <= 0.3 * measured
         wins = {s: self.kernel_wins(s) for s in done if self._competes(s)}
         chosen = kernel_sizes(wins) if self.kernel_possible else None
-        return VerifyCost.from_points(done, times, max_nodes=done[-1], skinny_sizes=chosen, steady=steady)
+        return VerifyCost.from_points(done, times, max_nodes=done[-1], skinny_sizes=chosen, steady=steady,
+                                      row_by_row=self.row_by_row)
 
 
 def spiked(times: list[float], factor: float = SPIKE_FACTOR) -> list[int]:
@@ -229,10 +234,13 @@ def kernel_sizes(kernel_wins: dict[int, bool]) -> frozenset:
 
 
 def new_probe(model: torch.nn.Module, sizes=PROBE_SIZES) -> CostProbe:
-    """A measurement for ``model``: the kernel competes where it is float32 on a CPU, and a
-    GPU runs each size once untimed first."""
+    """A measurement for ``model``: the kernel competes where it is float32 on a CPU, in the loop
+    faster on this machine (``walks_faster``, timed now over the model's weights), and a GPU runs
+    each size once untimed first."""
     device = next(model.parameters()).device
-    return CostProbe(sizes, kernel_possible=bool(eligible_linears(model)), setup_each_size=device.type != "cpu")
+    linears = eligible_linears(model)
+    return CostProbe(sizes, kernel_possible=bool(linears), setup_each_size=device.type != "cpu",
+                     row_by_row=bool(linears) and walks_faster(linears))
 
 
 def measure_cost(
@@ -250,6 +258,7 @@ def measure_cost(
 
     probe = probe if probe is not None else new_probe(model, sizes)
     tree_model = TreeModel(model)
+    tree_model.row_by_row = probe.row_by_row
     rng = np.random.default_rng(0)
     tree_model.prefill(torch.from_numpy(rng.integers(0, model.config.vocab_size, size=(1, cache_len))))
     while (wanted := probe.pending()) is not None:

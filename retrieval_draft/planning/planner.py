@@ -104,6 +104,11 @@ class TreePlanner:
     def calibrators(self) -> dict[str, AcceptanceCalibrator]:
         return self.grader.calibrators
 
+    @property
+    def row_by_row(self) -> bool:
+        """The skinny matmul's loop on this machine (``TreeSizer.row_by_row``), for ``TreeModel.row_by_row``."""
+        return self.sizer.row_by_row
+
     def should_ask(self, name: str) -> bool:
         """Whether to query drafter ``name`` this step (always, without a cost curve)."""
         return self.sizer.cost is None or self.grader.gate.should_ask(name)

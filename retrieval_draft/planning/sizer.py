@@ -15,6 +15,8 @@ along the slope of its last stretch (``extended_cost``).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numba
 import numpy as np
 
@@ -64,6 +66,14 @@ class TreeSizer:
         if wanted is None or len(ranked) != 1 or wanted.tokens - 1 > ranked[0].shape[0]:
             return None
         return wanted
+
+    @property
+    def row_by_row(self) -> bool:
+        """Whether the skinny matmul walks the weights row by row on this machine (``TreeModel.row_by_row``):
+        the measurement's choice, or the curve's."""
+        if self.probe is not None:
+            return self.probe.row_by_row
+        return self.cost.row_by_row if self.cost is not None else False
 
     def matmul_sizes(self, probing: Probe | None) -> frozenset | None:
         """Forward sizes (rows x width) that take the skinny matmul this step (``TreeModel.skinny_sizes``);
@@ -215,4 +225,4 @@ def extended_cost(cost: VerifyCost, max_tokens: int) -> VerifyCost:
     half = max(top // 2, 1)
     slope = max((known[top] - known[top - half]) / half, 0.0)
     extra = known[top] + slope * np.arange(1, max_tokens - top + 1)
-    return VerifyCost(np.concatenate([known, extra]), cost.skinny_sizes, cost.steady)
+    return replace(cost, seconds=np.concatenate([known, extra]))

@@ -159,6 +159,7 @@ def generate(
         else:
             planner = ours.planner
         tree_model.reserve = options.max_new_tokens + planner.tree_budget + 1  # new tokens and one tree (the planner's)
+        tree_model.row_by_row = planner.row_by_row  # the matmul loop measured on this machine, with the curve
         for row, row_streamer in enumerate(streamers):
             if row_streamer is not None and not ours.prompt_streamed:
                 row_streamer.put(input_ids[row : row + 1, attention_mask[row].bool()].cpu())

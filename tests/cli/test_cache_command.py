@@ -15,7 +15,8 @@ from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft_datastore.cli import main
 from tests.conftest import make_tiny_llama
 
-SANE = VerifyCost.from_points([1, 2, 4, 8, 16, 32], [0.05, 0.052, 0.055, 0.06, 0.07, 0.09])
+SANE = VerifyCost.from_points([1, 2, 4, 8, 16, 32], [0.05, 0.052, 0.055, 0.06, 0.07, 0.09],
+                              skinny_sizes=frozenset(range(1, 9)), row_by_row=True)
 SPOILED = VerifyCost.from_points([1, 2, 3, 16, 32], [0.078, 0.078, 0.905, 0.905, 4.17])
 
 
@@ -37,6 +38,8 @@ def test_the_report_names_a_spoiled_curve_as_not_used_and_a_sane_one_with_its_pl
     assert "; used" in sane_block and "plausible: yes" in sane_block
     assert "NOT used" in spoiled_block and "plausible: no, too dear at 3-" in spoiled_block
     assert "in lone roots 2: 1.00, 4: 11.60" in spoiled_block
+    assert "matmul kernel at sizes: 1-8, walking the weights row by row for few rows" in sane_block
+    assert "matmul kernel at sizes: none\n" in spoiled_block
     planned = [int(part.split()[0]) for part in sane_block.split("would verify: ")[1].split(", ")]
     assert planned[0] <= planned[1] <= planned[2] and planned[2] > 0  # better chains, bigger trees
 

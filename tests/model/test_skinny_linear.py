@@ -18,13 +18,14 @@ from tests.conftest import make_tiny_llama, random_prompt
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 16])
 @pytest.mark.parametrize("width", [4, 13, 64, 130])
-@pytest.mark.parametrize("depth", [37, 131])  # below and above ROW_BY_ROW_DEPTH: both loops for up to 8 rows
-def test_skinny_matmul_matches_torch(rows, width, depth):
+@pytest.mark.parametrize("depth", [37, 131])  # below and above ROW_BY_ROW_DEPTH
+@pytest.mark.parametrize("row_by_row", [False, True])  # both loops for up to 8 rows of 131
+def test_skinny_matmul_matches_torch(rows, width, depth, row_by_row):
     rng = np.random.default_rng(rows * 1000 + width)
     x = rng.standard_normal((rows, depth), dtype=np.float32)
     w = rng.standard_normal((width, depth), dtype=np.float32)
     out = np.full((rows, width), np.nan, dtype=np.float32)
-    skinny_matmul(x, w, out)
+    skinny_matmul(x, w, out, row_by_row)
     expected = (torch.from_numpy(x).double() @ torch.from_numpy(w).double().T).float().numpy()
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
 
@@ -56,9 +57,11 @@ def test_routing_is_scoped_and_skips_hooked_or_other_layers():
     assert not any("forward" in vars(m) for m in linears)
 
 
-def test_tree_forward_with_kernel_matches_plain_linear():
-    """Logits of an 8-node tree through the kernel equal those through MKL to float32 rounding."""
-    model = make_tiny_llama(seed=3)
+@pytest.mark.parametrize("row_by_row", [False, True])
+def test_tree_forward_with_kernel_matches_plain_linear(row_by_row):
+    """Logits of an 8-node tree through the kernel (either loop) equal those through MKL to float32
+    rounding."""
+    model = make_tiny_llama(seed=3)  # its down projections hold 128 values a weight row: the row-by-row loop takes them
     tree = DraftTree(
         tokens=np.array([5, 6, 7, 8, 9, 10, 11, 12]),
         parents=np.array([-1, 0, 1, 2, 0, 4, 5, 1]),
@@ -67,7 +70,8 @@ def test_tree_forward_with_kernel_matches_plain_linear():
     )
     prompt = random_prompt(1)
     fast = TreeModel(model)
-    assert fast._skinny
+    fast.row_by_row = row_by_row
+    assert fast._skinny and all(forward.args[2] is row_by_row for _, forward in fast._skinny)
     fast.prefill(prompt)
     plain = TreeModel(model)
     plain._skinny = []
@@ -81,9 +85,16 @@ def test_kernel_sizes_follow_the_nearest_probe_below():
     assert kernel_sizes({}) == frozenset()
 
 
-def test_measured_cost_picks_the_path_per_size_and_tree_model_obeys():
+def test_measured_cost_picks_the_path_per_size_and_tree_model_obeys(monkeypatch):
+    from retrieval_draft.planning import cost_probe
+
     model = make_tiny_llama(seed=5)
+    monkeypatch.setattr(cost_probe, "walks_faster", lambda linears: True)  # a machine where walking wins
+    loops = []
+    real = TreeModel.score_trees
+    monkeypatch.setattr(TreeModel, "score_trees", lambda self, trees: loops.append(self.row_by_row) or real(self, trees))
     cost = measure_cost(model, sizes=(1, 4, 8), cache_len=16, repeats=1)
+    assert cost.row_by_row and loops and all(loops)  # every timed forward ran the machine's loop, which the curve keeps
     assert cost.skinny_sizes is not None and cost.skinny_sizes <= frozenset(SKINNY_ROWS)
     tree_model = TreeModel(model, skinny_sizes=frozenset({5}))
     assert tree_model.skinny_sizes == frozenset({5})
@@ -146,3 +157,19 @@ def test_the_kernel_runs_on_the_threads_pacing_gives_and_is_timed_for_it(monkeyp
     with skinny_linears(forwards, pacing):
         seen.append(numba.get_num_threads())
     assert seen == [1] and observed == [(1, True, True)]
+
+
+def test_walks_faster_says_which_loop_multiplies_the_weights_faster(monkeypatch):
+    """The choice follows the timings: a loop made slow loses (both loops are timed over the same
+    weights, alternated); a model with no weight row long enough to walk keeps the blocked loop."""
+    import time
+
+    from retrieval_draft.model import skinny_linear as kernel
+
+    linears = eligible_linears(torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.Linear(64, 256)))
+    for slow in ("_row_by_row", "_blocked"):
+        with monkeypatch.context() as patch:
+            loop = getattr(kernel, slow)
+            patch.setattr(kernel, slow, lambda x, w, out, loop=loop: (time.sleep(0.002), loop(x, w, out)))
+            assert kernel.walks_faster(linears) is (slow == "_blocked")
+    assert kernel.walks_faster(eligible_linears(torch.nn.Linear(64, 64))) is False

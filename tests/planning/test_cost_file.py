@@ -125,3 +125,29 @@ def test_the_cache_directory_follows_xdg_without_the_override(monkeypatch, tmp_p
     assert cache_root() == tmp_path / "retrieval-draft"
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
     assert cache_root() == tmp_path / "mine"
+
+
+def test_the_machines_matmul_loop_is_kept_with_the_curve_and_decoding_runs_it(cache, monkeypatch):
+    import torch
+
+    import retrieval_draft
+    from retrieval_draft.model.tree_model import TreeModel
+    from tests.conftest import random_prompt
+
+    model = make_tiny_llama(seed=36)
+    key = cost_file.cost_key(model)
+    walking = VerifyCost.from_points([1, 8, 64], [0.01, 0.02, 0.05], skinny_sizes=frozenset(range(1, 65)), row_by_row=True)
+    cost_file.write_cost(cost_file.cost_path(key), key, walking)
+    assert cost_file.read_cost(cost_file.cost_path(key), key).row_by_row is True
+    loops = []
+    real = TreeModel.score
+    monkeypatch.setattr(TreeModel, "score", lambda self, packed: loops.append(self.row_by_row) or real(self, packed))
+    prompt = random_prompt(1)
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8,
+                         custom_generate=retrieval_draft.generate, draft_memory=PluginMemory())
+    assert torch.equal(out, model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False))
+    assert loops and all(loops) and not cache  # the stored choice, not measured again
+    body = json.loads(cost_file.cost_path(key).read_text())
+    body["row_by_row"] = "yes"
+    cost_file.cost_path(key).write_text(json.dumps(body))
+    assert cost_file.read_cost(cost_file.cost_path(key), key) is None  # a damaged record is not used
