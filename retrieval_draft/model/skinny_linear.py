@@ -292,13 +292,17 @@ class KernelThreads:
     ``generate``'s 227 ms per token (2026-11-27, ``retrieval-draft generate --compare``). A forward whose process got less than ``BUSY`` of its threads' time
     (CPU seconds over wall seconds, ~1.98 of 2 on the quiet machine, ~0.96 beside two busy
     processes) sends the next ``RETRY`` forwards to one thread, which waits for no one; then
-    ``threads`` is tried again."""
+    ``threads`` is tried again. A generation's first forward is not judged: in a new process it
+    loads the kernel from Numba's cache on one thread (0.1 s on a 2-core Xeon), which looked like
+    contention and sent the next 16 forwards of every fresh process's first call to one thread
+    (51 ms a step instead of 31 for SmolLM2-135M there)."""
 
     BUSY = 0.75
     RETRY = 16
 
     def __init__(self) -> None:
         self.single_left = 0  # forwards still to run on one thread
+        self.judged = False  # whether a forward was observed yet (the first is not judged)
 
     def count(self, most: int) -> int:
         """Threads for the next forward, ``most`` at most."""
@@ -306,6 +310,9 @@ class KernelThreads:
 
     def observe(self, threads: int, wall_s: float, cpu_s: float) -> None:
         """A forward ran on ``threads`` threads for ``wall_s`` seconds, the process using ``cpu_s`` CPU seconds."""
+        if not self.judged:
+            self.judged = True
+            return
         if threads > 1 and cpu_s < self.BUSY * threads * wall_s:
             self.single_left = self.RETRY
         elif threads == 1 and self.single_left > 0:

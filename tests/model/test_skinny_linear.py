@@ -129,6 +129,8 @@ def test_routing_leaves_torchs_thread_count_as_the_caller_set_it():
 def test_a_forward_that_did_not_get_its_threads_cores_sends_the_next_ones_to_one_thread():
     pacing = KernelThreads()
     assert pacing.count(2) == 2
+    pacing.observe(2, wall_s=0.15, cpu_s=0.16)  # the first forward: loading the kernel on one thread, not judged
+    assert pacing.count(2) == 2
     pacing.observe(2, wall_s=0.1, cpu_s=0.196)  # both threads busy: a quiet machine
     assert pacing.count(2) == 2
     pacing.observe(2, wall_s=0.1, cpu_s=0.096)  # half its threads' time: a busy machine
