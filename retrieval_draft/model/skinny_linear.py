@@ -7,8 +7,8 @@ tokens spent 45 ms in ``aten::mm`` against 21 ms for 1 token. ``skinny_matmul``
 streams each weight row once and multiplies it with every input row while
 it sits in L1, split over threads by weight rows, 2 input rows by 4 weight
 rows per inner loop (``_blocked``). Where it is faster on the machine
-(``walks_faster``, measured with the cost curve: so on a 2-core AMD EPYC, not
-on a 2-core AVX-512 Xeon), up to ``ROW_BY_ROW`` input rows of at least
+(``walks_faster``, measured with the cost curve: it was on a 2-core AMD EPYC,
+it is not on a 2-core AVX-512 Xeon), up to ``ROW_BY_ROW`` input rows of at least
 ``ROW_BY_ROW_DEPTH`` values walk the weights one row after another instead
 (``_row_by_row``: one sequential stream per thread, up to 4 input rows per pass).
 ``skinny_linears(skinny_forwards(linears))`` routes a
