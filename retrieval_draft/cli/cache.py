@@ -84,15 +84,15 @@ def report(paths: list[Path] | None = None, now: float | None = None) -> str:
 
 def describe_curve(path: Path, now: float) -> str:
     """A stored cost curve: what it is for, whether it is used, its prices and the trees it would plan."""
-    from retrieval_draft.planning.cost import VerifyCost, implausible_sizes
-    from retrieval_draft.planning.cost_file import MAX_AGE_S, read_record
+    from retrieval_draft.planning.cost import implausible_sizes
+    from retrieval_draft.planning.cost_file import MAX_AGE_S, read_record, recorded_curve
 
     record = read_record(path)
     if record is None:
         return f"cost curve {path.name}: unreadable or of an older format (not used; measured again)"
     key = record.get("key", {})
     gpu = not str(key.get("device", "cpu")).startswith("cpu")
-    cost = VerifyCost(record["seconds"], record["skinny_sizes"], row_by_row=record["row_by_row"])
+    cost = recorded_curve(record)
     age = now - record["measured_at"]
     wrong = implausible_sizes(cost, gpu)
     used = "used" if 0 <= age <= MAX_AGE_S and not wrong.size else "NOT used (measured again at the next call)"

@@ -92,7 +92,7 @@ def walks_faster(linears: list[torch.nn.Linear], rows: tuple[int, ...] = (1, 4),
                 loop(inputs[0], weights[0], outputs[0])
             best = {True: np.inf, False: np.inf}
             for turn in range(2 * rounds):
-                walk = turn % 2 == (count % 2)
+                walk = (turn + count) % 2 == 0  # the loops take turns, the first alternating by row count
                 started = time.perf_counter()
                 for x, w, out in zip(inputs, weights, outputs):
                     (_row_by_row if walk else _blocked)(x, w, out)

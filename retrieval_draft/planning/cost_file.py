@@ -84,7 +84,7 @@ def read_cost(path: Path, key: dict, now: float | None = None) -> VerifyCost | N
     now = time.time() if now is None else now
     if not 0.0 <= now - body["measured_at"] <= MAX_AGE_S:
         return None
-    cost = VerifyCost(body["seconds"], body["skinny_sizes"], row_by_row=body["row_by_row"])
+    cost = recorded_curve(body)
     return cost if plausible(cost, gpu=not str(key.get("device", "cpu")).startswith("cpu")) else None
 
 
@@ -110,6 +110,11 @@ def read_record(path: Path) -> dict | None:
         return None
     return {**body, "seconds": seconds, "skinny_sizes": None if skinny is None else frozenset(skinny),
             "measured_at": measured_at, "row_by_row": row_by_row}
+
+
+def recorded_curve(record: dict) -> VerifyCost:
+    """The curve a record from ``read_record`` holds (its age and plausibility not judged)."""
+    return VerifyCost(record["seconds"], record["skinny_sizes"], row_by_row=record["row_by_row"])
 
 
 def write_cost(path: Path, key: dict, cost: VerifyCost, origin: str = MEASURED) -> None:
