@@ -20,11 +20,20 @@ once per forward (``_FORWARD_TILES``, a memo that exists only inside
 ``tree_attention``'s block): on a GPU each tiling is a kernel launch, 30 per
 SmolLM2 forward (timed on the launch-bound H100 VM of 2026-11-26, the difference
 was within that machine's noise; docs/host-time.md).
+
+On CUDA a forward with a mask may also take cuDNN's attention kernel, which builds
+an execution plan for every new pair of query and key lengths; in decoding the key
+length grows by a step's accepted tokens every step, so every tree forward would
+pay a build (scratch timings on the lent H200, 2026-11-28, torch 2.11: one masked SDPA call of
+SmolLM2's attention shape took 64 ms, median, while the key length grew by one a call, 0.06 ms
+at a fixed length, 0.16 ms growing with cuDNN off). ``steady_attention(device)`` keeps a masked forward off that kernel
+(SDPA then takes the memory-efficient one, or the math one where the user allows
+only that); on other devices it changes nothing.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 
 import torch
@@ -124,3 +133,24 @@ def tree_attention(configs: list):
         _FORWARD_TILES.reset(memo)
         for config in switched:
             config._attn_implementation = "sdpa"
+
+
+def steady_attention(device: torch.device):
+    """A context for one masked forward on ``device``: on CUDA, SDPA may not take cuDNN's kernel
+    while a kernel that takes a mask without a per-shape build (memory-efficient or math) is
+    enabled; elsewhere, and when cuDNN is off already, nothing changes."""
+    if torch.device(device).type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
+        return nullcontext()
+    if not (torch.backends.cuda.mem_efficient_sdp_enabled() or torch.backends.cuda.math_sdp_enabled()):
+        return nullcontext()
+    return _cudnn_attention_off()
+
+
+@contextmanager
+def _cudnn_attention_off():
+    """Within the block SDPA's cuDNN kernel is disabled (a process-wide flag, restored on exit)."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)

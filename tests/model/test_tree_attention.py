@@ -7,7 +7,9 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from retrieval_draft.model.tree_attention import GROUPED_SDPA, grouped_sdpa, sdpa_configs, tree_attention
+from retrieval_draft.model.tree_attention import (
+    GROUPED_SDPA, grouped_sdpa, sdpa_configs, steady_attention, tree_attention,
+)
 
 from tests.conftest import make_tiny_llama
 
@@ -104,3 +106,68 @@ def test_a_forward_tiles_its_mask_once_for_every_layer_and_only_inside_the_block
                      probs=np.ones(3))
     tree_model.score_trees([tree])
     assert len(returned) == tree_model.model.config.num_hidden_layers == 2 and returned[0] is returned[1]
+
+
+@pytest.fixture
+def sdpa_flags():
+    """SDPA's four process-wide backend switches, restored after the test."""
+    cuda = torch.backends.cuda
+    names = ("cudnn", "flash", "mem_efficient", "math")
+    before = {name: getattr(cuda, f"{name}_sdp_enabled")() for name in names}
+    yield {name: getattr(cuda, f"enable_{name}_sdp") for name in names}
+    for name, enabled in before.items():
+        getattr(cuda, f"enable_{name}_sdp")(enabled)
+
+
+def _enabled() -> dict:
+    cuda = torch.backends.cuda
+    return {name: getattr(cuda, f"{name}_sdp_enabled")() for name in ("cudnn", "flash", "mem_efficient", "math")}
+
+
+def test_a_masked_forward_on_cuda_keeps_off_cudnn_attention_and_restores_it(sdpa_flags):
+    for enable in sdpa_flags.values():
+        enable(True)
+    with steady_attention(torch.device("cuda")):
+        assert _enabled() == {"cudnn": False, "flash": True, "mem_efficient": True, "math": True}
+    assert _enabled() == {"cudnn": True, "flash": True, "mem_efficient": True, "math": True}
+    with pytest.raises(ValueError), steady_attention(torch.device("cuda:0")):
+        assert not _enabled()["cudnn"]
+        raise ValueError("inside")
+    assert _enabled()["cudnn"]
+
+
+def test_steady_attention_changes_nothing_off_cuda_or_where_no_other_kernel_takes_a_mask(sdpa_flags):
+    for enable in sdpa_flags.values():
+        enable(True)
+    with steady_attention(torch.device("cpu")):
+        assert _enabled()["cudnn"]
+    sdpa_flags["mem_efficient"](False)
+    sdpa_flags["math"](False)  # only cuDNN (and flash, which takes no mask) left: the user's choice stands
+    with steady_attention(torch.device("cuda")):
+        assert _enabled() == {"cudnn": True, "flash": True, "mem_efficient": False, "math": False}
+    sdpa_flags["math"](True)
+    sdpa_flags["cudnn"](False)  # off already: stays off afterwards
+    with steady_attention(torch.device("cuda")):
+        assert not _enabled()["cudnn"]
+    assert not _enabled()["cudnn"]
+
+
+def test_tree_forwards_with_a_mask_and_only_those_run_inside_steady_attention(monkeypatch):
+    from contextlib import nullcontext
+
+    from retrieval_draft.model import tree_model as module
+    from retrieval_draft.tree import DraftTree
+
+    asked = []
+    monkeypatch.setattr(module, "steady_attention", lambda device: asked.append(device) or nullcontext())
+    tree_model = module.TreeModel(make_tiny_llama())
+    tree_model.prefill(torch.randint(3, 300, (1, 6)))
+    assert asked == []  # an unpadded prefill: the model's own causal mask
+    lone = DraftTree(tokens=np.array([5]), parents=np.array([-1]), depths=np.array([0]), probs=np.ones(1))
+    tree_model.score_trees([lone])
+    tree_model.keep([np.zeros(1, dtype=np.int64)])
+    assert asked == []  # a lone root: the model's own causal mask, as plain decoding
+    tree = DraftTree(tokens=np.array([5, 6, 7]), parents=np.array([-1, 0, 0]), depths=np.array([0, 1, 1]),
+                     probs=np.ones(3))
+    tree_model.score_trees([tree])
+    assert asked == [tree_model.device]
