@@ -315,10 +315,21 @@ def first_tested(tokens, depths, owners, lengths, matched, truth):  # pragma: no
                     break
             chosen[j] = not duplicate
         start += lengths[d]
-    first = np.flatnonzero(chosen)
-    first = first[np.argsort(owners[first], kind="mergesort")]
-    right = np.empty(first.shape[0], np.bool_)
-    for k in range(first.shape[0]):
+    # The chosen entries by owner, by position within one: a stable insertion (they are few, and Numba
+    # compiles it in a fifth of the time a stable argsort takes).
+    first = np.empty(m, np.int64)
+    count = 0
+    for j in range(m):
+        if chosen[j]:
+            i = count
+            while i > 0 and owners[first[i - 1]] > owners[j]:
+                first[i] = first[i - 1]
+                i -= 1
+            first[i] = j
+            count += 1
+    first = first[:count]
+    right = np.empty(count, np.bool_)
+    for k in range(count):
         depth = depths[first[k]]
         right[k] = depth < truth.shape[0] and tokens[first[k]] == truth[depth]
     return first, right

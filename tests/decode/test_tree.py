@@ -93,3 +93,21 @@ def test_likeliest_nodes_are_the_most_probable_in_node_order_root_first_ties_to_
     assert tree.likeliest(4).tolist() == [0, 1, 4, 5]
     assert tree.likeliest(1).tolist() == [0]
     assert tree.likeliest(None).tolist() == tree.likeliest(6).tolist() == tree.likeliest(60).tolist() == list(range(6))
+
+
+def test_ancestor_mask_of_random_trees_marks_exactly_each_nodes_path():
+    rng = np.random.default_rng(2)
+    for _ in range(100):
+        n = int(rng.integers(1, 40))
+        parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)], dtype=np.int64)
+        depths = np.zeros(n, np.int64)
+        for i in range(1, n):
+            depths[i] = depths[parents[i]] + 1
+        tree = DraftTree(tokens=rng.integers(0, 9, n), parents=parents, depths=depths, probs=np.ones(n))
+        want = np.zeros((n, n), dtype=bool)
+        for node in range(n):
+            up = node
+            while up >= 0:
+                want[node, up] = True
+                up = parents[up]
+        assert np.array_equal(tree.ancestor_mask(), want)

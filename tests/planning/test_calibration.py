@@ -40,3 +40,15 @@ def test_grading_one_draft_tests_through_its_first_wrong_token():
     band, bucket = _cells(np.full(3, 0.95), np.arange(3))
     assert calibrator.trials.sum() == 3 and calibrator.hits.sum() == 2
     assert np.all(calibrator.trials[band, bucket] == 1) and calibrator.hits[band[2], bucket[2]] == 0
+
+
+def test_a_cells_edge_lookup_is_numpys_searchsorted_from_the_right():
+    from retrieval_draft.planning.calibration import _at_or_below
+
+    rng = np.random.default_rng(3)
+    for edges in (PROB_EDGES, DEPTH_BANDS, np.array([0.5]), np.sort(rng.random(7))):
+        values = [*edges, *(edges + 1e-9), *(edges - 1e-9), -1.0, 2.0, np.inf, -np.inf, np.nan, *rng.random(20)]
+        for value in values:
+            assert _at_or_below(edges, value) == np.searchsorted(edges, value, side="right"), (edges, value)
+    for depth in range(-2, 40):
+        assert _at_or_below(DEPTH_BANDS, depth) == np.searchsorted(DEPTH_BANDS, depth, side="right")

@@ -302,3 +302,50 @@ def test_a_busy_spell_is_corrected_in_memory_but_never_kept_on_disk(tmp_path, mo
     memory.save_learned(model, force=True)
     assert not cost_path(cost_key(model)).exists()
     assert slow.apply(idle).seconds[1] > idle.seconds[1]  # this process still plans with what it sees
+
+
+def _first_tested_by_rule(tokens, depths, owners, lengths, matched, truth):
+    """``first_tested``'s rule written out in Python: each draft's entries through its first wrong
+    one, the first of equal (owner, depth, token), in a stable order by owner."""
+    tested, seen, start = [], set(), 0
+    for length, right_count in zip(lengths, matched):
+        limit = min(length, len(truth))
+        for j in range(start, start + (right_count + 1 if right_count < limit else limit)):
+            key = (owners[j], depths[j], tokens[j])
+            if key not in seen:
+                seen.add(key)
+                tested.append(j)
+        start += length
+    first = sorted(tested, key=lambda j: owners[j])
+    return first, [depths[j] < len(truth) and tokens[j] == truth[depths[j]] for j in first]
+
+
+def test_the_graded_entries_are_the_first_tested_of_each_kind_ordered_by_owner():
+    from retrieval_draft.planning.planner import first_tested
+
+    rng = np.random.default_rng(11)
+    for _ in range(400):
+        drafts = int(rng.integers(0, 6))
+        lengths = rng.integers(1, 6, size=drafts)
+        m = int(lengths.sum())
+        tokens, owners = rng.integers(0, 3, size=m), rng.integers(0, 4, size=m)
+        depths = np.concatenate([np.arange(n) for n in lengths]) if drafts else np.zeros(0, np.int64)
+        truth = rng.integers(0, 3, size=int(rng.integers(1, 6)))
+        matched = rng.integers(0, 6, size=drafts)
+        first, right = first_tested(tokens, depths, owners, lengths.astype(np.int64), matched, truth)
+        want_first, want_right = _first_tested_by_rule(tokens, depths, owners, lengths, matched, truth)
+        assert first.tolist() == want_first and right.tolist() == want_right
+
+
+def test_the_width_paying_best_is_numpys_argmax_of_tokens_per_second():
+    from retrieval_draft.planning.sizer import best_rate
+
+    rng = np.random.default_rng(5)
+    cases = [(np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 3.0])),  # ties: the first
+             (np.array([1.0, np.nan, 5.0]), np.ones(3)),  # a NaN rate: the first NaN
+             (np.array([1.0, 2.0]), np.array([1.0, 0.0])),  # a zero price: infinitely many tokens a second
+             (np.array([0.0, 1.0]), np.array([0.0, 1.0]))]  # 0 / 0
+    cases += [(rng.integers(0, 4, 8).astype(float), rng.integers(1, 4, 8).astype(float)) for _ in range(200)]
+    for gains, seconds in cases:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            assert best_rate(gains, seconds) == int(np.argmax(gains / seconds)), (gains, seconds)
