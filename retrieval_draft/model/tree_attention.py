@@ -148,7 +148,9 @@ def steady_attention(device: torch.device):
 
 @contextmanager
 def _cudnn_attention_off():
-    """Within the block SDPA's cuDNN kernel is disabled (a process-wide flag, restored on exit)."""
+    """Within the block SDPA's cuDNN kernel is disabled (a process-wide flag, restored on exit: a
+    forward in another thread meanwhile takes another kernel too, which changes no result beyond a
+    reduced precision's rounding)."""
     torch.backends.cuda.enable_cudnn_sdp(False)
     try:
         yield
