@@ -212,6 +212,8 @@ def prefill(
     with ours.memory.model(model).lock:
         tree_model = TreeModel(model)
         tree_model.reserve = 1
+        known = ours.memory.known_cost(model)  # the matmul loop measured on this machine, if a curve says
+        tree_model.row_by_row = known is not None and known.row_by_row
         tree_model.start_reuse(prefixes, ours.config.prefix_cache_bytes, input_ids, attention_mask, {})
         logits = tree_model.prefill(input_ids, attention_mask)
         # the prefix cache keeps a sequence's first n - 1 tokens (the last emitted one has no rows yet):

@@ -128,17 +128,24 @@ class PluginMemory:
         now over random chains (``measure_cost``, completing a measurement decoding began)."""
         return self.planning_cost(model, can_probe=False)[0]
 
-    def planning_cost(self, model: torch.nn.Module, can_probe: bool) -> tuple[VerifyCost | None, CostProbe | None]:
-        """What a call plans with: (the model's curve, None) where one is remembered or stored;
-        else, for a call that can probe while it decodes (``can_probe``: one row, tree
-        verification), (None, the model's measurement in progress); else the curve measured now."""
+    def known_cost(self, model: torch.nn.Module) -> VerifyCost | None:
+        """The model's curve where one is remembered or stored on disk (then remembered); None
+        where neither holds one (nothing is measured here)."""
         from retrieval_draft.planning.cost_file import load_cost
-        from retrieval_draft.planning.cost_probe import measure_cost, new_probe
 
         memory = self.model(model)
         if memory.cost is None and memory.probe is None:  # a probe in progress: the disk had no curve
             memory.cost = load_cost(model)
-        if memory.cost is not None:
+        return memory.cost
+
+    def planning_cost(self, model: torch.nn.Module, can_probe: bool) -> tuple[VerifyCost | None, CostProbe | None]:
+        """What a call plans with: (the model's curve, None) where one is remembered or stored;
+        else, for a call that can probe while it decodes (``can_probe``: one row, tree
+        verification), (None, the model's measurement in progress); else the curve measured now."""
+        from retrieval_draft.planning.cost_probe import measure_cost, new_probe
+
+        memory = self.model(model)
+        if self.known_cost(model) is not None:
             return memory.cost, None
         if memory.probe is None:
             memory.probe = new_probe(model)

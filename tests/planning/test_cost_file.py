@@ -151,3 +151,28 @@ def test_the_machines_matmul_loop_is_kept_with_the_curve_and_decoding_runs_it(ca
     body["row_by_row"] = "yes"
     cost_file.cost_path(key).write_text(json.dumps(body))
     assert cost_file.read_cost(cost_file.cost_path(key), key) is None  # a damaged record is not used
+
+
+def test_an_editors_cache_warming_runs_the_stored_matmul_loop_and_measures_nothing(cache, monkeypatch):
+    import torch
+
+    import retrieval_draft
+    from retrieval_draft.model.tree_model import TreeModel
+    from tests.conftest import random_prompt
+
+    model = make_tiny_llama(seed=37)
+    key = cost_file.cost_key(model)
+    walking = VerifyCost.from_points([1, 8, 64], [0.01, 0.02, 0.05], skinny_sizes=frozenset(range(1, 65)), row_by_row=True)
+    cost_file.write_cost(cost_file.cost_path(key), key, walking)
+    forwards = []  # (loop, rows x width through the kernel or None) of every forward the prefills run
+    real = TreeModel._run
+    monkeypatch.setattr(TreeModel, "_run", lambda self, *a, **k: forwards.append((self.row_by_row, k.get("size"))) or real(self, *a, **k))
+    memory, prompt = PluginMemory(), random_prompt(1, length=30)
+    retrieval_draft.prefill(model, prompt[:, :20], draft_memory=memory)
+    stats = retrieval_draft.prefill(model, prompt, draft_memory=memory)
+    assert stats.reused_tokens > 0 and any(size for _, size in forwards)  # the second read 10 new tokens through the kernel
+    assert forwards and all(loop for loop, _ in forwards) and not cache  # the stored loop; no curve measured
+    cost_file.cost_path(key).unlink()
+    forwards.clear()
+    retrieval_draft.prefill(make_tiny_llama(seed=38), prompt, draft_memory=PluginMemory())
+    assert forwards and not any(loop for loop, _ in forwards) and not cache  # no curve anywhere: the blocked loop
