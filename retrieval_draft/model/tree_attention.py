@@ -24,11 +24,12 @@ was within that machine's noise; docs/host-time.md).
 On CUDA a forward with a mask may also take cuDNN's attention kernel, which builds
 an execution plan for every new pair of query and key lengths; in decoding the key
 length grows by a step's accepted tokens every step, so every tree forward would
-pay a build (scratch timings on the lent H200, 2026-11-28, torch 2.11: one masked SDPA call of
-SmolLM2's attention shape took 64 ms, median, while the key length grew by one a call, 0.06 ms
-at a fixed length, 0.16 ms growing with cuDNN off). ``steady_attention(device)`` keeps a masked forward off that kernel
-(SDPA then takes the memory-efficient one, or the math one where the user allows
-only that); on other devices it changes nothing.
+pay a build (scratch timings on the lent H200, 2026-11-28, torch 2.11: one masked
+SDPA call of SmolLM2's attention shape took 64 ms, median, while the key length grew
+by one a call, 0.06 ms at a fixed length, 0.16 ms growing with cuDNN off).
+``steady_attention(device)`` keeps a masked forward off that kernel (SDPA then takes
+the memory-efficient one, or the math one where the user allows only that); on
+other devices it changes nothing.
 """
 
 from __future__ import annotations

@@ -218,13 +218,13 @@ def explored_width(gains: np.ndarray, seconds: np.ndarray, checked: np.ndarray, 
         checked: (W,) bool, whether a recent forward verified the size band of each.
         best: the width that ``seconds`` says pays best.
     """
-    cheapest, unchecked = np.inf, False
+    cheapest, verified, unverified = np.inf, False, False
     for w in range(checked.shape[0]):
         if checked[w]:
-            cheapest = min(cheapest, seconds[w])
+            cheapest, verified = min(cheapest, seconds[w]), True
         else:
-            unchecked = True
-    if not unchecked or cheapest == np.inf:  # nothing to test, or nothing seen yet to price it by
+            unverified = True
+    if not (verified and unverified):  # nothing to test, or nothing seen yet to price it by
         return best
     tried, tried_rate = -1, -np.inf
     for w in range(checked.shape[0]):

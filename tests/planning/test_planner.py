@@ -349,3 +349,15 @@ def test_the_width_paying_best_is_numpys_argmax_of_tokens_per_second():
     for gains, seconds in cases:
         with np.errstate(divide="ignore", invalid="ignore"):
             assert best_rate(gains, seconds) == int(np.argmax(gains / seconds)), (gains, seconds)
+
+
+def test_a_wider_tree_is_explored_only_where_some_sizes_were_verified_and_others_not():
+    from retrieval_draft.planning.sizer import EXPLORE_GAIN, explored_width
+
+    gains, seconds = np.array([1.0, 3.0, 6.0]), np.array([1.0, 2.0, 4.0])
+    best = 1  # 1.5 tokens a unit; the widest, priced at the verified 1.0, would give 6.0
+    assert explored_width(gains, seconds, np.array([True, True, True]), best) == best  # nothing to test
+    assert explored_width(gains, seconds, np.array([False, False, False]), best) == best  # nothing to price it by
+    assert explored_width(gains, seconds, np.array([True, True, False]), best) == 2
+    assert explored_width(gains, seconds, np.array([False, True, True]), 2) == 2  # the narrowest: 1.0 a unit, too little
+    assert 6.0 / 1.0 > EXPLORE_GAIN * 1.5
