@@ -167,8 +167,14 @@ def merge_flat(root_token: int, tokens: np.ndarray, probs: np.ndarray, lengths: 
 
 
 def lone_root(root_token: int) -> DraftTree:
-    """The tree of the pending token alone (no drafts)."""
-    return DraftTree.built(np.array([root_token], np.int64), np.array([-1], np.int64), np.zeros(1, np.int64), np.ones(1))
+    """The tree of the pending token alone (no drafts): most rows of a fresh batch, every step.
+    Its parents, depths and probabilities are shared read-only arrays."""
+    return DraftTree.built(np.array([root_token], np.int64), _ROOT_PARENTS, _ROOT_DEPTHS, _ROOT_PROBS)
+
+
+_ROOT_PARENTS, _ROOT_DEPTHS, _ROOT_PROBS = np.array([-1], np.int64), np.zeros(1, np.int64), np.ones(1)
+for _shared in (_ROOT_PARENTS, _ROOT_DEPTHS, _ROOT_PROBS):
+    _shared.flags.writeable = False
 
 
 @numba.njit(cache=True, nogil=True)

@@ -282,7 +282,7 @@ def speculative_decode(
     started = time.perf_counter()
     logits = model.prefill(input_ids, attention_mask)
     roots = [lone_root(int(row.context[row.emitted - 1])) for row in rows]
-    verdicts = _verify(roots, [logits[i][None] for i in range(len(rows))], rows, options)
+    verdicts = _verify(roots, logits[:, None], rows, options)
     for i, (row, verdict) in enumerate(zip(rows, verdicts)):
         _emit(row, np.array([verdict.bonus]), options, should_stop)
         if row.sinks.on_logits is not None:
@@ -340,21 +340,20 @@ def _step(run: _Run, rows: list[_Row]) -> None:
     timer.stop()
     scored = clock()
     width = logits.shape[1]
-    row_logits = [logits[i, : tree.size] for i, tree in enumerate(trees)]
-    verdicts = _verify(trees, row_logits, rows, options)
+    verdicts = _verify(trees, logits, rows, options)
     read = clock()
     forward_seconds = timer.seconds()  # after the verdicts' host read: no extra wait
     planner.observe_forward(len(rows), len(rows) * width, forward_seconds, cache_len, plan)
-    model.keep([np.concatenate([[0], verdict.accepted]) for verdict in verdicts])
+    model.keep([verdict.kept_nodes() for verdict in verdicts])
     truths = []
-    for tree, row, verdict, tree_logits in zip(trees, rows, verdicts, row_logits):
-        new = np.append(tree.tokens[verdict.accepted], verdict.bonus)
+    for i, (tree, row, verdict) in enumerate(zip(trees, rows, verdicts)):
+        new = verdict.new_tokens(tree.tokens)
         truths.append(new)
         before = row.emitted
         _emit(row, new, options, run.should_stop)
         stats.step_tokens += row.emitted - before
         if row.sinks.on_logits is not None:
-            row.sinks.on_logits(emitted_rows(tree_logits, verdict, row.emitted - before), row.padded())
+            row.sinks.on_logits(emitted_rows(logits[i, : tree.size], verdict, row.emitted - before), row.padded())
     planner.observe(proposals, truths, planned - started, plan)
     stats.draft_s += drafted - started
     stats.plan_s += planned - drafted
@@ -395,14 +394,15 @@ def _row_generator(generator: torch.Generator | None) -> torch.Generator | None:
     return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
 
 
-def _verify(trees: list[DraftTree], logits: list[torch.Tensor], rows: list[_Row], options) -> list[Verdict]:
-    """Greedy or sampling verification of each row's tree (``logits[i]``: (n_i, V)), the rows'
-    tree-observing drafters that were asked this step fed from the same host read (one read for
-    all rows); what observing cost each is charged to it in the row's proposals (the gate weighs it)."""
-    jobs = [TreeJob(tree, scored, row.padded(), row.processor, row.generator,
+def _verify(trees: list[DraftTree], logits: torch.Tensor, rows: list[_Row], options) -> list[Verdict]:
+    """Greedy or sampling verification of each row's tree (``logits``: (B, W, V), row ``i``'s
+    tree scored by ``logits[i, :n_i]``), the rows' tree-observing drafters that were asked this
+    step fed from the same host read (one read for all rows); what observing cost each is
+    charged to it in the row's proposals (the gate weighs it)."""
+    jobs = [TreeJob(tree, row.padded(), row.processor, row.generator,
                     [d for d in row.drafters if d.observes_trees and row.proposals.was_asked(d.name)])
-            for tree, scored, row in zip(trees, logits, rows)]
-    verdicts, observed = verify_trees(jobs, options.do_sample)
+            for tree, row in zip(trees, rows)]
+    verdicts, observed = verify_trees(jobs, logits, options.do_sample)
     for spent, row in zip(observed, rows):
         for name, seconds in spent.items():
             row.proposals.charge(name, seconds)
@@ -439,8 +439,7 @@ def emitted_rows(logits: torch.Tensor, verdict: Verdict, count: int) -> torch.Te
     The first accepted node was chosen at the root, each later one at its
     parent, the bonus token at the last accepted node.
     """
-    rows = np.concatenate([[0], verdict.accepted])[:count]
-    return logits[torch.from_numpy(rows).to(logits.device)]
+    return logits[torch.tensor(verdict.kept_nodes()[:count], device=logits.device)]
 
 
 def cut_at_stop(

@@ -52,6 +52,29 @@ class Verdict:
     accepted: np.ndarray
     bonus: int
 
+    def kept_nodes(self) -> np.ndarray:
+        """(k + 1,) int64: the nodes whose KV rows stay, the root 0 first, then ``accepted``."""
+        k = self.accepted.shape[0]
+        if not k:
+            return ROOT_ONLY
+        nodes = np.empty(k + 1, np.int64)
+        nodes[0] = 0
+        nodes[1:] = self.accepted
+        return nodes
+
+    def new_tokens(self, tokens: np.ndarray) -> np.ndarray:
+        """(k + 1,) int64: the tokens this verdict emits, the accepted nodes' (of the tree's
+        ``tokens`` (n,)) and then the bonus token."""
+        k = self.accepted.shape[0]
+        new = np.empty(k + 1, np.int64)
+        new[:k] = tokens[self.accepted]
+        new[k] = self.bonus
+        return new
+
+
+ROOT_ONLY = np.zeros(1, np.int64)  # ``Verdict.kept_nodes`` where nothing was accepted; shared, so read-only
+ROOT_ONLY.flags.writeable = False
+
 
 def node_scores(
     tree: DraftTree,
@@ -224,7 +247,7 @@ def sampling_choices(
         draws.append(torch.rand(log_p.shape[-1], generator=source, device=source.device))
         states.append(source.get_state())
     uniform = torch.stack(draws).to(log_p.device, non_blocking=True).clamp_(tiny, 1.0 - 1e-7)
-    depths = torch.from_numpy(tree.depths).to(log_p.device, non_blocking=True)
+    depths = torch.tensor(tree.depths, device=log_p.device)  # a copy: a lone root's depths are read-only
     choices = torch.argmax(log_p - torch.log(-torch.log(uniform))[depths], dim=-1)
     return choices, lambda accepted: source.set_state(states[accepted])
 
@@ -263,11 +286,11 @@ def has_processor(processor: LogitsProcessor | None) -> bool:
 
 @dataclass(frozen=True)
 class TreeJob:
-    """One tree to verify.
+    """One tree to verify: row ``i`` of a step's batch, whose logits are ``logits[i, :n]`` of the
+    batch's (B, W, V) logits (``verify_trees``).
 
     Attributes:
-        tree: n nodes.
-        logits: (n, V) the model's raw logits at every node, on the model's device.
+        tree: n nodes (n <= W).
         prefix: (L,) int64 host ids through the root (what a processor sees before the path).
         processor: this tree's row's logits processor (``model.row_processors``), or None.
         generator: the sampling stream (None: torch's global one; unused when greedy).
@@ -275,7 +298,6 @@ class TreeJob:
     """
 
     tree: DraftTree
-    logits: torch.Tensor
     prefix: np.ndarray
     processor: LogitsProcessor | None = None
     generator: torch.Generator | None = None
@@ -298,34 +320,41 @@ def walks_on_host(device: torch.device, do_sample: bool, processor: LogitsProces
     return device.type == "cpu" and (do_sample or has_processor(processor))
 
 
-def verify_trees(jobs: Sequence[TreeJob], do_sample: bool) -> tuple[list[Verdict], ObservedSeconds]:
-    """Every job's verdict, its observers fed: node by node on the host where ``walks_on_host``
-    says so, all the other jobs together with ONE host read (``read_verdicts``). Also returns
-    what each job's observers spent recording its tree."""
+def verify_trees(
+    jobs: Sequence[TreeJob], logits: torch.Tensor, do_sample: bool
+) -> tuple[list[Verdict], ObservedSeconds]:
+    """Every job's verdict, its observers fed. Job ``i`` is row ``i`` of the step's ``logits``
+    (B, W, V), on the model's device: its tree's logits are ``logits[i, :n_i]``. Node by node on
+    the host where ``walks_on_host`` says so, all the other jobs together with ONE host read
+    (``read_verdicts``). Also returns what each job's observers spent recording its tree."""
     verdicts: list[Verdict | None] = [None] * len(jobs)
     observed: ObservedSeconds = [{} for _ in jobs]
     fused = []
     for i, job in enumerate(jobs):
-        if not walks_on_host(job.logits.device, do_sample, job.processor):
+        if not walks_on_host(logits.device, do_sample, job.processor):
             fused.append(i)
             continue
-        prefix = torch.from_numpy(job.prefix)
+        scored, prefix = logits[i, : job.tree.size], torch.from_numpy(job.prefix)
         if do_sample:
-            verdicts[i] = verify_sampling(job.tree, job.logits, job.processor, prefix, job.generator)
+            verdicts[i] = verify_sampling(job.tree, scored, job.processor, prefix, job.generator)
         else:
-            verdicts[i] = verify_greedy(job.tree, job.logits, job.processor, prefix)
+            verdicts[i] = verify_greedy(job.tree, scored, job.processor, prefix)
         for observer in job.observers:
             started = time.perf_counter()
-            observer.observe_tree(job.tree.tokens, job.logits, job.tree.likeliest(observer.max_observed_nodes))
+            observer.observe_tree(job.tree.tokens, scored, job.tree.likeliest(observer.max_observed_nodes))
             _charge(observed[i], observer, time.perf_counter() - started)
     if fused:
-        for i, verdict, seconds in zip(fused, *read_verdicts([jobs[i] for i in fused], do_sample)):
+        for i, verdict, seconds in zip(fused, *read_verdicts(jobs, logits, do_sample, fused)):
             verdicts[i], observed[i] = verdict, seconds
     return verdicts, observed
 
 
-def read_verdicts(jobs: Sequence[TreeJob], do_sample: bool) -> tuple[list[Verdict], ObservedSeconds]:
-    """Verify every job's tree with ONE host read; feed each job's observers from the same read.
+def read_verdicts(
+    jobs: Sequence[TreeJob], logits: torch.Tensor, do_sample: bool, rows: Sequence[int] | None = None
+) -> tuple[list[Verdict], ObservedSeconds]:
+    """Verify the trees of ``rows`` (indices into ``jobs`` and ``logits`` (B, W, V), as in
+    ``verify_trees``; None: all) with ONE host read; feed their observers from the same read.
+    Returns one verdict and one ``ObservedSeconds`` entry per row of ``rows``, in its order.
 
     Each observer (a drafter shared by rows is one observer) computes its request once, over
     the likeliest nodes (``Drafter.max_observed_nodes``) of every tree it observes; the trees
@@ -333,40 +362,64 @@ def read_verdicts(jobs: Sequence[TreeJob], do_sample: bool) -> tuple[list[Verdic
     sampled ones equal ``verify_sampling``'s with the same generator state, which is left as
     ``verify_sampling`` leaves it.
     """
-    observed: ObservedSeconds = [{} for _ in jobs]
-    blocks, rewinds = [], []
-    for job in jobs:
-        if do_sample:
-            choices, rewind = sampling_choices(job.tree, job.logits, job.processor, job.prefix, job.generator)
-        else:
-            choices, rewind = greedy_choices(job.tree, job.logits, job.processor, job.prefix), None
-        blocks.append(choices)
-        rewinds.append(rewind)
-    groups = _observer_groups(jobs)
+    rows = list(range(len(jobs))) if rows is None else list(rows)
+    chosen = [jobs[i] for i in rows]
+    scored = lambda k: logits[rows[k], : chosen[k].tree.size]  # noqa: E731 - a view, made only where needed
+    observed: ObservedSeconds = [{} for _ in rows]
+    rewinds = []
+    together = not do_sample and len(rows) == logits.shape[0] and picks_together(chosen, logits)
+    if together:
+        blocks = [argmax_rows(logits[:, : max(job.tree.size for job in chosen)])]  # (B, max n)
+    elif do_sample:
+        blocks = []
+        for k, job in enumerate(chosen):
+            choices, rewind = sampling_choices(job.tree, scored(k), job.processor, job.prefix, job.generator)
+            blocks.append(choices)
+            rewinds.append(rewind)
+    else:
+        blocks = [greedy_choices(job.tree, scored(k), job.processor, job.prefix) for k, job in enumerate(chosen)]
+    choice_blocks = len(blocks)
+    groups = _observer_groups(chosen)
     chosen_nodes, spent = [], []
     for observer, members in groups:
         started = time.perf_counter()
-        nodes = [jobs[i].tree.likeliest(observer.max_observed_nodes) for i in members]
-        blocks.append(observer.tree_request([jobs[i].logits for i in members], nodes))
+        nodes = [chosen[k].tree.likeliest(observer.max_observed_nodes) for k in members]
+        blocks.append(observer.tree_request([scored(k) for k in members], nodes))
         chosen_nodes.append(nodes)
         spent.append(time.perf_counter() - started)
-    host = _read_together(blocks, host_arrays=all(transfer.computes_on_host(job.logits) for job in jobs))
-    for (observer, members), nodes, columns, requested in zip(groups, chosen_nodes, host[len(jobs) :], spent):
+    host = _read_together(blocks, host_arrays=transfer.computes_on_host(logits))
+    for (observer, members), nodes, columns, requested in zip(groups, chosen_nodes, host[choice_blocks:], spent):
         started = time.perf_counter()
         row = 0
-        for i, chosen in zip(members, nodes):
-            observer.tree_receive(jobs[i].tree.tokens[chosen], columns[row : row + chosen.shape[0]])
-            row += chosen.shape[0]
+        for k, nodes_k in zip(members, nodes):
+            observer.tree_receive(chosen[k].tree.tokens[nodes_k], columns[row : row + nodes_k.shape[0]])
+            row += nodes_k.shape[0]
         share = (requested + time.perf_counter() - started) / len(members)  # the trees share the group's time
-        for i in members:
-            _charge(observed[i], observer, share)
+        for k in members:
+            _charge(observed[k], observer, share)
+    picks = [host[0][k, : job.tree.size] for k, job in enumerate(chosen)] if together else host[:choice_blocks]
     verdicts = []
-    for job, rewind, picks in zip(jobs, rewinds, host):
-        verdict = walk(job.tree, picks)
-        if rewind is not None:
-            rewind(int(verdict.accepted.shape[0]))
+    for k, (job, job_picks) in enumerate(zip(chosen, picks)):
+        verdict = walk(job.tree, job_picks)
+        if rewinds:
+            rewinds[k](int(verdict.accepted.shape[0]))
         verdicts.append(verdict)
     return verdicts, observed
+
+
+def picks_together(jobs: Sequence[TreeJob], logits: torch.Tensor) -> bool:
+    """Whether greedy picks for ``jobs`` (one per row of ``logits``, (B, W, V)) come cheaper
+    from ONE argmax over ``logits[:, :max n]`` than from one per tree: never with a processor on
+    any row; always on a device (one kernel); on the host when the padded slots it reads
+    besides the trees' nodes number at most the trees (each padded slot is a vocabulary-wide
+    row read for nothing, about what a call of its own costs).
+    """
+    if any(has_processor(job.processor) for job in jobs):
+        return False
+    if not transfer.computes_on_host(logits):
+        return True
+    sizes = [job.tree.size for job in jobs]
+    return len(jobs) * max(sizes) - sum(sizes) <= len(jobs)
 
 
 def _read_together(blocks: Sequence[torch.Tensor], host_arrays: bool) -> list[np.ndarray]:

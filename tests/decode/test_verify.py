@@ -101,8 +101,8 @@ def test_every_route_hands_an_observer_the_likeliest_nodes_and_their_own_rows(ro
     if route == "one read on a device":
         monkeypatch.setattr(transfer, "computes_on_host", lambda _: False)
     recorder = RowRecorder()
-    job = TreeJob(tree, logits, np.arange(4), generator=torch.Generator().manual_seed(1), observers=[recorder])
-    _, observed = verify_trees([job], do_sample=route == "node by node")
+    job = TreeJob(tree, np.arange(4), generator=torch.Generator().manual_seed(1), observers=[recorder])
+    _, observed = verify_trees([job], logits[None], do_sample=route == "node by node")
     assert observed[0]["recorder"] > 0  # what recording cost, charged to the observer
     (tokens, rows), = recorder.seen
     likeliest = [0, 1, 4]  # path probabilities 1.0, .9, .45, .225, .9, .72

@@ -152,7 +152,7 @@ def test_one_read_sampling_equals_node_by_node_sampling_and_consumes_the_same_ra
     processor = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5), *warpers()])
     node_by_node, one_read = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
     expected = verify_sampling(tree, logits, processor, torch.from_numpy(prefix), node_by_node)
-    got = read_verdicts([TreeJob(tree, logits, prefix, processor, one_read)], do_sample=True)[0][0]
+    got = read_verdicts([TreeJob(tree, prefix, processor, one_read)], logits[None], do_sample=True)[0][0]
     assert got.accepted.tolist() == expected.accepted.tolist() and got.bonus == expected.bonus
     assert torch.equal(one_read.get_state(), node_by_node.get_state())
 
@@ -166,7 +166,7 @@ def test_one_read_greedy_with_a_processor_equals_node_by_node_greedy(seed):
     # prompt_ignore_length of batch size 1, as HF's generate builds it: nodes must reach it one by one
     processor = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(3.0, prompt_ignore_length=torch.tensor([2]))])
     expected = verify_greedy(tree, logits, processor, torch.from_numpy(prefix))
-    got = read_verdicts([TreeJob(tree, logits, prefix, processor)], do_sample=False)[0][0]
+    got = read_verdicts([TreeJob(tree, prefix, processor)], logits[None], do_sample=False)[0][0]
     assert got.accepted.tolist() == expected.accepted.tolist() and got.bonus == expected.bonus
 
 
