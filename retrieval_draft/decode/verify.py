@@ -327,6 +327,8 @@ def verify_trees(
     (B, W, V), on the model's device: its tree's logits are ``logits[i, :n_i]``. Node by node on
     the host where ``walks_on_host`` says so, all the other jobs together with ONE host read
     (``read_verdicts``). Also returns what each job's observers spent recording its tree."""
+    if logits.device.type != "cpu" or not do_sample and not any(has_processor(job.processor) for job in jobs):
+        return read_verdicts(jobs, logits, do_sample)  # no job walks on the host (``walks_on_host``)
     verdicts: list[Verdict | None] = [None] * len(jobs)
     observed: ObservedSeconds = [{} for _ in jobs]
     fused = []
@@ -364,12 +366,15 @@ def read_verdicts(
     """
     rows = list(range(len(jobs))) if rows is None else list(rows)
     chosen = [jobs[i] for i in rows]
-    scored = lambda k: logits[rows[k], : chosen[k].tree.size]  # noqa: E731 - a view, made only where needed
+    sizes = [job.tree.size for job in chosen]
+    scored = lambda k: logits[rows[k], : sizes[k]]  # noqa: E731 - a view, made only where needed
     observed: ObservedSeconds = [{} for _ in rows]
     rewinds = []
-    together = not do_sample and len(rows) == logits.shape[0] and picks_together(chosen, logits)
+    together = (not do_sample and len(rows) == logits.shape[0]
+                and picks_together(sizes, any(has_processor(job.processor) for job in chosen),
+                                   transfer.computes_on_host(logits)))
     if together:
-        blocks = [argmax_rows(logits[:, : max(job.tree.size for job in chosen)])]  # (B, max n)
+        blocks = [argmax_rows(logits[:, : max(sizes)])]  # (B, max n)
     elif do_sample:
         blocks = []
         for k, job in enumerate(chosen):
@@ -397,7 +402,7 @@ def read_verdicts(
         share = (requested + time.perf_counter() - started) / len(members)  # the trees share the group's time
         for k in members:
             _charge(observed[k], observer, share)
-    picks = [host[0][k, : job.tree.size] for k, job in enumerate(chosen)] if together else host[:choice_blocks]
+    picks = [host[0][k, :n] for k, n in enumerate(sizes)] if together else host[:choice_blocks]
     verdicts = []
     for k, (job, job_picks) in enumerate(zip(chosen, picks)):
         verdict = walk(job.tree, job_picks)
@@ -407,19 +412,20 @@ def read_verdicts(
     return verdicts, observed
 
 
-def picks_together(jobs: Sequence[TreeJob], logits: torch.Tensor) -> bool:
-    """Whether greedy picks for ``jobs`` (one per row of ``logits``, (B, W, V)) come cheaper
-    from ONE argmax over ``logits[:, :max n]`` than from one per tree: never with a processor on
-    any row; always on a device (one kernel); on the host when the padded slots it reads
-    besides the trees' nodes number at most the trees (each padded slot is a vocabulary-wide
-    row read for nothing, about what a call of its own costs).
+def picks_together(sizes: Sequence[int], processed: bool, on_host: bool) -> bool:
+    """Whether greedy picks for trees of ``sizes`` nodes (one per row of the step's (B, W, V)
+    logits) come cheaper from ONE argmax over ``logits[:, :max(sizes)]`` than from one per tree:
+    never where a processor changes some row's scores (``processed``); always on a device (one
+    kernel); on the host (``on_host``: ``transfer.computes_on_host``) only when every tree has
+    the widest one's size, as a fresh batch's lone roots do. There a padded slot is a
+    vocabulary-wide row the matmul has just written, read for nothing, and costs more than the
+    call it saves (SmolLM2's vocabulary on a 2-core Xeon, scratch timings of both ways: eight
+    lone roots 63-103 us in one argmax against 98-202 us in eight; one tree of 2 nodes and seven
+    lone roots 136 us against 94, of 5 and 4 nodes with one slot padded 407 against 398).
     """
-    if any(has_processor(job.processor) for job in jobs):
+    if processed:
         return False
-    if not transfer.computes_on_host(logits):
-        return True
-    sizes = [job.tree.size for job in jobs]
-    return len(jobs) * max(sizes) - sum(sizes) <= len(jobs)
+    return not on_host or min(sizes) == max(sizes)
 
 
 def _read_together(blocks: Sequence[torch.Tensor], host_arrays: bool) -> list[np.ndarray]:

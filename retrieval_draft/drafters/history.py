@@ -6,8 +6,10 @@ prompt lookup does from the context. Repeated or similar tasks get faster
 over time (the idea behind SuffixDecoding's and llama.cpp's dynamic caches).
 
 Memory: at most ``max_tokens`` int32 ids (4 bytes each, 4 MB for the
-default million) plus one separator per document. When full, the oldest
-half is evicted at once, so appending stays amortised O(1).
+default million) plus one separator per document, and an index of where each
+token occurs (``TokenPositions``, 8 bytes a token), so a step's lookup costs
+the same at a million tokens as at a thousand. When full, the oldest half is
+evicted at once, so appending stays amortised O(1).
 
 The buffer survives restarts with ``save`` and ``load`` (like llama.cpp's
 dynamic lookup cache file): one ``.npz`` holding the ids, a format version
@@ -22,7 +24,8 @@ import numpy as np
 
 from retrieval_draft.draft import Drafter, Proposals
 from retrieval_draft.drafters.tagged_npz import load_tagged, save_tagged
-from retrieval_draft.drafters.tail_match import continuations, tail_matches
+from retrieval_draft.drafters.tail_match import continuations, match_lengths
+from retrieval_draft.drafters.token_positions import TokenPositions
 from retrieval_draft.errors import CorruptHistoryError, TokenIdOutOfRangeError
 
 SEPARATOR = -1
@@ -53,11 +56,19 @@ class HistoryDrafter(Drafter):
         self.max_ngram = max_ngram
         self.max_branches = max_branches
         self._buffer = np.empty(0, dtype=np.int32)
+        self._positions = TokenPositions()  # where each id of ``_buffer`` occurs
 
     @property
     def size(self) -> int:
         """Tokens held, separators included."""
         return int(self._buffer.shape[0])
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """(size,) int32: the ids held, oldest first, documents separated by ``SEPARATOR`` (a read-only view)."""
+        view = self._buffer.view()
+        view.flags.writeable = False
+        return view
 
     def for_row(self, row: int) -> "HistoryRow":
         """A handle that drafts from this history and adds its row's prompt and output to it at the end."""
@@ -67,11 +78,13 @@ class HistoryDrafter(Drafter):
         """Append one document (shape (n,), ids >= 0), evicting the oldest half when full."""
         document = np.asarray(document, dtype=np.int32)[-(self.max_tokens - 1) :]
         grown = np.concatenate([self._buffer, document, [SEPARATOR]]).astype(np.int32)
+        self._positions.extend(document, self._buffer.shape[0])
         if grown.shape[0] > self.max_tokens:
             cut = grown.shape[0] - self.max_tokens // 2
             separators = np.flatnonzero(grown[:cut] == SEPARATOR)
             start = int(separators[-1]) + 1 if separators.size else cut
             grown = grown[start:]
+            self._positions.drop_before(start)
         self._buffer = grown
 
     def save(self, path: str | Path, tokenizer=None) -> None:
@@ -93,12 +106,14 @@ class HistoryDrafter(Drafter):
             raise TokenIdOutOfRangeError(f"{path} holds id {int(tokens.max())}, beyond the vocabulary of {vocab_size}")
         drafter = cls(**options)
         drafter._buffer = tokens[-drafter.max_tokens :].copy()
+        drafter._positions = TokenPositions.of(drafter._buffer)
         return drafter
 
     def propose_into(self, context: np.ndarray, max_len: int, out: Proposals) -> None:
-        if self._buffer.shape[0] < 2:
+        if self._buffer.shape[0] < 2 or not context.shape[0]:
             return
-        ends, lengths = tail_matches(self._buffer, context, self.max_ngram)
+        ends = self._positions.positions(int(context[-1]), below=self._buffer.shape[0] - 1)  # a token follows
+        lengths = match_lengths(self._buffer, context, ends, self.max_ngram)
         keep = lengths >= self.min_ngram
         if keep.any():
             continuations(self._buffer, ends[keep], lengths[keep], max_len, self.max_branches, out)

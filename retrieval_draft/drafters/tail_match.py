@@ -20,7 +20,7 @@ from retrieval_draft.draft import Proposals
 # extends a match of length L + i, so it gets NEXT_TOKEN_PROB of that band.
 # Long matches mean the model is copying (a file being reproduced, a loop
 # repeating), and then nearly every token is accepted. The engine calibrates
-# these online. The values are tools/diagnostics/fit_priors.py's measurements on
+# these online. The values are fit_priors' measurements (git show 8f31bf5:tools/diagnostics/fit_priors.py) on
 # held-out prompts with SmolLM2-135M (made monotone; band 0 of NEXT is unused).
 MATCH_LENGTH_BANDS = np.array([1, 2, 3, 4, 5, 7, 11, 21])
 FIRST_TOKEN_PROB = np.array([0.22, 0.55, 0.7, 0.77, 0.78, 0.88, 0.9, 0.98])
@@ -43,9 +43,16 @@ def tail_matches(haystack: np.ndarray, tail: np.ndarray, max_ngram: int) -> tupl
     h, t = haystack.shape[0], tail.shape[0]
     if h < 2 or t < 1:
         return np.empty(0, np.int64), np.empty(0, np.int64)
-    tail = np.ascontiguousarray(tail[-min(max_ngram, t) :], dtype=np.int64)
     ends = np.flatnonzero(haystack[: h - 1] == tail[-1])
-    return ends, _match_lengths(haystack, tail, ends)
+    return ends, match_lengths(haystack, tail, ends, max_ngram)
+
+
+def match_lengths(haystack: np.ndarray, tail: np.ndarray, ends: np.ndarray, max_ngram: int) -> np.ndarray:
+    """(c,) int64: how many of ``tail``'s last tokens (at most ``max_ngram``) occur in
+    ``haystack`` (h,) ending at each of ``ends`` (c,), positions that hold ``tail[-1]``
+    (``tail_matches``' lengths, for ends found some other way: an index)."""
+    tail = np.ascontiguousarray(tail[-min(max_ngram, tail.shape[0]) :], dtype=np.int64)
+    return _match_lengths(haystack, tail, ends)
 
 
 @numba.njit(cache=True, nogil=True)

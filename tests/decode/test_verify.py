@@ -137,3 +137,47 @@ def test_the_walk_follows_the_picks_and_a_lazy_walk_computes_only_the_path(seed)
     lazy = walk(tree, lambda node: asked.append(node) or int(picks[node]))
     assert lazy.accepted.tolist() == accepted and lazy.bonus == bonus
     assert asked == [0, *accepted]  # each node on the path once, nothing else
+
+
+def random_batch(rng, sizes_kind):
+    """Trees of one batch (equal sizes: lone roots, or all of one size; or mixed) and their
+    (B, W, V) logits with ties and NaN, picks often matching the drafts."""
+    trees = []
+    for row in range(6):
+        if sizes_kind == "lone roots":
+            drafts = []
+        elif sizes_kind == "one size":
+            drafts = [Draft(rng.integers(0, 4, 3), np.full(3, 0.9))]
+        else:
+            drafts = [Draft(rng.integers(0, 4, n), np.full(n, 0.9)) for n in rng.integers(1, 5, row % 3)]
+        trees.append(build_tree(int(rng.integers(0, 4)), drafts, budget=12))
+    width = max(tree.size for tree in trees)
+    logits = torch.from_numpy(rng.integers(0, 3, (len(trees), width, 6)).astype(np.float32))  # ties
+    logits[0, 0, 2] = float("nan")
+    return trees, logits
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+@pytest.mark.parametrize("sizes_kind", ["lone roots", "one size", "mixed"])
+def test_a_batch_verified_together_equals_each_tree_verified_alone(sizes_kind, device_path, monkeypatch):
+    from retrieval_draft.decode.verify import read_verdicts
+
+    if device_path:
+        monkeypatch.setattr(transfer, "computes_on_host", lambda _: False)
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        trees, logits = random_batch(rng, sizes_kind)
+        verdicts, _ = read_verdicts([TreeJob(tree, np.arange(3)) for tree in trees], logits, do_sample=False)
+        for i, (tree, verdict) in enumerate(zip(trees, verdicts)):
+            alone = verify_greedy(tree, logits[i, : tree.size])
+            assert verdict.accepted.tolist() == alone.accepted.tolist() and verdict.bonus == alone.bonus
+
+
+def test_picks_come_from_one_argmax_where_no_slot_is_padded_on_the_host_and_always_on_a_device():
+    from retrieval_draft.decode.verify import picks_together
+
+    assert picks_together([1, 1, 1], processed=False, on_host=True)
+    assert picks_together([4, 4], processed=False, on_host=True)
+    assert not picks_together([2, 1, 1], processed=False, on_host=True)
+    assert picks_together([2, 1, 1], processed=False, on_host=False)
+    assert not picks_together([1, 1], processed=True, on_host=False)
