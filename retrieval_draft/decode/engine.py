@@ -204,6 +204,7 @@ class _Row:
         self.start = start
         self.emitted = self.length
         self.drafters = drafters
+        self.observers = [drafter for drafter in drafters if drafter.observes_trees]  # they record verified trees
         self.proposals = Proposals([drafter.name for drafter in drafters])  # this row's drafts, step by step
         self.processor = processor  # this row's view (``model.row_processors``)
         self.sinks = sinks
@@ -400,7 +401,7 @@ def _verify(trees: list[DraftTree], logits: torch.Tensor, rows: list[_Row], opti
     step fed from the same host read (one read for all rows); what observing cost each is
     charged to it in the row's proposals (the gate weighs it)."""
     jobs = [TreeJob(tree, row.padded(), row.processor, row.generator,
-                    [d for d in row.drafters if d.observes_trees and row.proposals.was_asked(d.name)])
+                    [d for d in row.observers if row.proposals.was_asked(d.name)])
             for tree, row in zip(trees, rows)]
     verdicts, observed = verify_trees(jobs, logits, options.do_sample)
     for spent, row in zip(observed, rows):

@@ -61,9 +61,10 @@ def test_the_history_drafts_what_a_scan_of_its_buffer_drafts_as_it_fills_and_evi
     rng = np.random.default_rng(seed)
     history = HistoryDrafter(max_tokens=300, min_ngram=int(rng.integers(1, 3)))
     evicted = False
-    for _ in range(40):
+    for step in range(40):
         before = history.size
-        history.add(rng.integers(0, 8, int(rng.integers(5, 60))))
+        length = 350 if step == 20 else int(rng.integers(5, 60))  # one document longer than the buffer
+        history.add(rng.integers(0, 8, length))
         evicted |= history.size < before
         for _ in range(3):
             context = rng.integers(0, 8, int(rng.integers(1, 12)))
