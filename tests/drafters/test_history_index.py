@@ -73,6 +73,14 @@ def test_the_history_drafts_what_a_scan_of_its_buffer_drafts_as_it_fills_and_evi
     assert evicted  # the eviction path was walked
 
 
+def test_the_tokens_a_history_holds_are_shown_read_only():
+    history = HistoryDrafter()
+    history.add(np.array([4, 5, 6]))
+    assert history.tokens.tolist() == [4, 5, 6, -1]
+    with pytest.raises(ValueError):
+        history.tokens[0] = 9  # the index would no longer match the buffer
+
+
 def test_a_loaded_history_is_indexed(tmp_path):
     history = HistoryDrafter()
     history.add(np.array([4, 5, 6, 7, 8]))
