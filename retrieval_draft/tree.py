@@ -173,8 +173,7 @@ def lone_root(root_token: int) -> DraftTree:
 
 
 _ROOT_PARENTS, _ROOT_DEPTHS, _ROOT_PROBS = np.array([-1], np.int64), np.zeros(1, np.int64), np.ones(1)
-for _shared in (_ROOT_PARENTS, _ROOT_DEPTHS, _ROOT_PROBS):
-    _shared.flags.writeable = False
+_ROOT_PARENTS.flags.writeable = _ROOT_DEPTHS.flags.writeable = _ROOT_PROBS.flags.writeable = False
 
 
 @numba.njit(cache=True, nogil=True)

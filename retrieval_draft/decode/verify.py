@@ -327,14 +327,13 @@ def verify_trees(
     (B, W, V), on the model's device: its tree's logits are ``logits[i, :n_i]``. Node by node on
     the host where ``walks_on_host`` says so, all the other jobs together with ONE host read
     (``read_verdicts``). Also returns what each job's observers spent recording its tree."""
-    if logits.device.type != "cpu" or not do_sample and not any(has_processor(job.processor) for job in jobs):
-        return read_verdicts(jobs, logits, do_sample)  # no job walks on the host (``walks_on_host``)
+    on_host = [walks_on_host(logits.device, do_sample, job.processor) for job in jobs]
+    if not any(on_host):
+        return read_verdicts(jobs, logits, do_sample)
     verdicts: list[Verdict | None] = [None] * len(jobs)
     observed: ObservedSeconds = [{} for _ in jobs]
-    fused = []
     for i, job in enumerate(jobs):
-        if not walks_on_host(logits.device, do_sample, job.processor):
-            fused.append(i)
+        if not on_host[i]:
             continue
         scored, prefix = logits[i, : job.tree.size], torch.from_numpy(job.prefix)
         if do_sample:
@@ -345,6 +344,7 @@ def verify_trees(
             started = time.perf_counter()
             observer.observe_tree(job.tree.tokens, scored, job.tree.likeliest(observer.max_observed_nodes))
             _charge(observed[i], observer, time.perf_counter() - started)
+    fused = [i for i, walked in enumerate(on_host) if not walked]
     if fused:
         for i, verdict, seconds in zip(fused, *read_verdicts(jobs, logits, do_sample, fused)):
             verdicts[i], observed[i] = verdict, seconds
@@ -367,7 +367,11 @@ def read_verdicts(
     rows = list(range(len(jobs))) if rows is None else list(rows)
     chosen = [jobs[i] for i in rows]
     sizes = [job.tree.size for job in chosen]
-    scored = lambda k: logits[rows[k], : sizes[k]]  # noqa: E731 - a view, made only where needed
+
+    def scored(k: int) -> torch.Tensor:
+        """Tree ``k``'s logits (n_k, V): a view, made only where something reads it."""
+        return logits[rows[k], : sizes[k]]
+
     observed: ObservedSeconds = [{} for _ in rows]
     rewinds = []
     on_host = transfer.computes_on_host(logits)

@@ -43,9 +43,9 @@ class TokenPositions:
     def extend(self, tokens: np.ndarray, start: int) -> None:
         """Index ``tokens`` (n,), appended to the buffer at positions ``start`` .. ``start + n - 1``."""
         tokens = np.asarray(tokens)
-        kept = np.flatnonzero(tokens >= 0)
         if start + tokens.shape[0] > _POSITION_MASK + 1:
             raise ValueError(f"TokenPositions holds positions below 2**32, got up to {start + tokens.shape[0] - 1}")
+        kept = np.flatnonzero(tokens >= 0)
         if not kept.size:
             return
         keys = (tokens[kept].astype(np.int64) << _POSITION_BITS) | (kept + start)
