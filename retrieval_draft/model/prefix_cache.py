@@ -237,13 +237,13 @@ def given_cache(model_kwargs: dict):
     the caller's) is None too."""
     for name in CACHE_KWARGS:
         cache = model_kwargs.get(name)
-        if cache is not None:
-            if not isinstance(cache, DynamicCache):
-                raise InvalidInputError(
-                    f"{name}= takes a DynamicCache holding the prompt's first tokens; got {type(cache).__name__}"
-                )
-            if getattr(cache, "_is_user_defined", False) or cache.get_seq_length() > 0:
-                return cache
+        if cache is None or not (getattr(cache, "_is_user_defined", False) or int(cache.get_seq_length()) > 0):
+            continue  # none, or generate's own (a StaticCache for cache_implementation="static", say)
+        if not isinstance(cache, DynamicCache):
+            raise InvalidInputError(
+                f"{name}= takes a DynamicCache holding the prompt's first tokens; got {type(cache).__name__}"
+            )
+        return cache
     return None
 
 

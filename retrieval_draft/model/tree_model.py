@@ -22,6 +22,10 @@ cheap branches of the one path: a lone root per row (or a chain) runs with the
 model's own causal mask, as plain decoding does, and a tree's mask is built on
 the device.
 
+With ``static`` set (``static_shapes.StaticSteps``, the plugin's ``cache_implementation="static"``)
+every step runs at one of a few fixed widths over the whole preallocated pool, through the
+model or a compiled call of it; the slots' bookkeeping and the compaction are the same.
+
 A call may start from KV rows known from earlier calls or from a cache the caller
 passed (``prefix_cache``): the tree model owns that call's ``PrefixReuse``
 (``start_reuse``, ``finish_reuse``), asks it where the known rows go, and runs
@@ -45,6 +49,7 @@ from retrieval_draft.model.prefix_cache import (
     PrefixCache, PrefixReuse, ReuseReport, SeededPrefill, layout_blocker, weights_signature,
 )
 from retrieval_draft.model.row_slots import RowSlots
+from retrieval_draft.model.static_shapes import RECOMPILE_LIMIT, StaticSteps, slot_cache, static_capacity
 from retrieval_draft.model.skinny_linear import (
     SKINNY_ROWS, KernelThreads, eligible_linears, skinny_forwards, skinny_linears,
 )
@@ -95,6 +100,9 @@ class TreeModel:
         so the cache is copied once (None: buffers of twice the prompt)."""
         self.reuse: PrefixReuse | None = None
         self.reserve: int | None = None
+        self.static: StaticSteps | None = None  # set by ``use_static`` before the prefill
+        self._slot_cache = None  # the pool read whole (``static_shapes.slot_cache``), static steps only
+        self._start: torch.Tensor | None = None  # (1,) int64 on the device: the slot a static step writes first
         self.layout = attention_layout(model)
         self.model = model
         self.device = next(model.parameters()).device
@@ -123,6 +131,42 @@ class TreeModel:
         if walk != self._row_by_row:
             self._row_by_row = walk
             self._skinny = skinny_forwards(self._linears, walk)
+
+    def use_static(self, steps: StaticSteps) -> None:
+        """Run every step after the next prefill at ``steps``' fixed widths over the whole pool
+        (``static_shapes``). Raises ``UnsupportedModelError`` for models verified as chains or whose
+        cache layers are not all plain KV rows (they keep transformers' own cache classes)."""
+        if self.layout.mode == CHAIN or self.layout.own_cache_kinds:
+            why = self.layout.chain_reason or f"its cache layers ({', '.join(self.layout.own_cache_kinds)})"
+            raise UnsupportedModelError(
+                f"cache_implementation='static' is not supported for {type(self.model).__name__} ({why}); "
+                "drop it to decode on the dynamic cache"
+            )
+        self.static = steps
+
+    def _reserve_after(self, slots: int) -> int | None:
+        """Positions to allocate per row beyond a prefill's ``slots``: ``reserve``, or for static
+        steps whatever fills the pool up to its ``static_capacity``."""
+        if self.static is None:
+            return self.reserve
+        return static_capacity(slots + (self.reserve or 0)) - slots
+
+    def _attach_static(self) -> None:
+        """After a prefill: the static steps' view of the pool (one pool of every layer, ``_one_pool``)."""
+        if self.static is None:
+            return
+        if not self._one_pool():
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__}'s cache layers differ in shape: cache_implementation='static' needs one pool"
+            )
+        if self._start is None:  # the first attach of the call (after its prefill)
+            self._start = torch.zeros(1, dtype=torch.int64, device=self.device)
+            # every slot is read: the unwritten ones must be finite (the mask's weight 0 times a NaN
+            # that a fresh allocation may hold is NaN)
+            pool = self.pools[0]
+            pool.keys[..., self.slots.length :, :].zero_()
+            pool.values[..., self.slots.length :, :].zero_()
+        self._slot_cache = slot_cache(self.pools[0], self._start)
 
     @property
     def rows(self) -> int:
@@ -157,11 +201,12 @@ class TreeModel:
             if seeded is not None:
                 return self._seeded_prefill(seeded)
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        self.cache = self._fresh_cache()
+        self.cache = model_cache(self.model.config, bool(self.layout.own_cache_kinds), self._reserve_after(length))
         out = self._run(self.cache, input_ids.to(self.device), positions.to(self.device),
                         mask.to(self.device) if padded else None, last_only=True)
         self.pools = pooled(self.cache)  # every layer's rows in one tensor from here on, once per call
         self.slots = RowSlots(mask.numpy().astype(bool), positions.numpy().astype(np.int64))
+        self._attach_static()
         return out.logits[:, -1].float()
 
     def start_reuse(self, prefixes: PrefixCache, capacity: int, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -210,7 +255,8 @@ class TreeModel:
         the editor's edit, 2,577 new tokens after 349 reused, one forward took 7.5 s where a one-shot
         prefill of all 2,926 took 6.9 s). Returns the last position's logits, (B, V) float32."""
         first, width = seeded.first, seeded.width
-        cache, pool = seeded_cache(seeded.seeds, first, first + width + (self.reserve or 0), seeded.tokens.shape[0])
+        cache, pool = seeded_cache(seeded.seeds, first, first + width + (self._reserve_after(first + width) or 0),
+                                   seeded.tokens.shape[0])
         slots = RowSlots(seeded.visible, seeded.slot_pos)
         for start in range(0, width, PREFILL_CHUNK):
             end = min(start + PREFILL_CHUNK, width)
@@ -218,6 +264,7 @@ class TreeModel:
                                     seeded.visible[:, : first + end], seeded.slot_pos[:, : first + end], slots.dense,
                                     first + start)
         self.cache, self.pools, self.slots = cache, [pool], slots
+        self._attach_static()
         return out.logits[:, -1].float()
 
     def _forward_new(self, cache, tokens, positions, visible, slot_pos, dense: bool, cached: int):
@@ -258,12 +305,14 @@ class TreeModel:
         if chain and any(tree.size != int(tree.depths[-1]) + 1 for tree in trees):
             raise InvalidInputError("this model verifies chains only: pass TreeModel.verifiable(tree)")
         width = max(tree.size for tree in trees)
+        if self.static is not None:
+            width = self.static.width(width)
         tokens, depths, among = self._pack(trees, width)
         positions = self.slots.next_pos[:, None] + depths  # (B, W)
         # Dense lone roots and chains see the whole cache through the model's own causal mask:
         # what plain decoding runs, and faster. Windowed layers need our mask for trees.
         dense = self.slots.dense
-        own_mask = dense and (chain or (width == 1 and not self.layout.windowed))
+        own_mask = dense and (chain or (width == 1 and not self.layout.windowed)) and self.static is None
         tokens_t, positions_t, mask = self._inputs(tokens, positions, among, dense, own_mask)
         return PackedTrees(tokens_t, positions_t, mask, positions, grouped=not chain and not own_mask)
 
@@ -274,22 +323,40 @@ class TreeModel:
         slots and mean nothing. Afterwards the cache holds T + W slots until ``keep`` trims it."""
         rows, width = packed.positions.shape
         grouped = self._sdpa_configs if self.grouped_attention and packed.grouped else []
-        out = self._run(self.cache, packed.tokens, packed.position_ids, packed.mask, size=rows * width, grouped=grouped)
+        if self.static is None:
+            out = self._run(self.cache, packed.tokens, packed.position_ids, packed.mask, size=rows * width, grouped=grouped)
+        else:
+            out = self._static_run(packed, grouped)
         self.slots.open(packed.positions)
         return out.logits.float()
 
+    def _static_run(self, packed: "PackedTrees", grouped: list):
+        """A static step's forward: the packed trees (padded to one of ``static.widths``) written at
+        slots T .. T + W - 1 of the pool, every slot read (``static_shapes``)."""
+        rows, width = packed.positions.shape
+        length, capacity = self.slots.length, self.pools[0].capacity
+        if length + width > capacity:  # the pool is sized for the call (``reserve``): a bug if reached
+            raise RuntimeError(f"a static step needs slots {length}..{length + width - 1}; the pool holds {capacity}")
+        self._start.fill_(length)
+        if not self.static.compiled:
+            return self._run(self._slot_cache, packed.tokens, packed.position_ids, packed.mask, size=rows * width,
+                             grouped=grouped, forward=self.static.forward)
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            return self._run(self._slot_cache, packed.tokens, packed.position_ids, packed.mask, forward=self.static.forward)
+
     def _run(self, cache, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-             size: int | None = None, grouped: list = (), last_only: bool = False):
+             size: int | None = None, grouped: list = (), last_only: bool = False, forward=None):
         """The model's forward over ``tokens`` (B, c) at ``positions`` on ``cache``, with ``mask`` (None:
         the model's own causal one); through the skinny matmul when ``size`` (rows x width) is one
         of ``skinny_sizes``, through grouped tree attention for the ``grouped`` configs; logits of
-        the last position only with ``last_only``. A masked forward runs inside ``steady_attention``
+        the last position only with ``last_only``; ``forward``: what runs the model (None: the model
+        itself; a static step's compiled call, ``StaticSteps.forward``). A masked forward runs inside ``steady_attention``
         (on CUDA, off cuDNN's kernel, which builds a plan for every new key length: on the lent
         H200 a 4-token tree after 200 cached tokens took 78 ms a step with it, 28 ms without)."""
         skinny = self._skinny if size in self.skinny_sizes else []
         attention = steady_attention(self.device) if mask is not None else nullcontext()
         with torch.no_grad(), attention, tree_attention(list(grouped)), skinny_linears(skinny, self.kernel_threads):
-            return self.model(
+            return (self.model if forward is None else forward)(
                 input_ids=tokens,
                 **self.layout.position_kwargs(positions),
                 **({"attention_mask": mask} if mask is not None else {}),
@@ -327,6 +394,8 @@ class TreeModel:
         if order:
             self.slots.settle()
             cut_back(self.cache, self.slots.length, self.pools)
+            if self.static is not None and finished:
+                self._attach_static()  # the pool's views now span fewer rows
         return order
 
     def _fresh_cache(self):
@@ -365,6 +434,8 @@ class TreeModel:
         """
         rows, width = positions.shape
         slots = self.slots
+        if self.static is not None:
+            return self._static_inputs(tokens, positions, among)
         if own_mask:
             moved = to_device([tokens, positions], self.device)
             return moved[0], moved[1], None
@@ -378,6 +449,27 @@ class TreeModel:
         cache = np.broadcast_to(slots.visible[:, None, :], (rows, width, slots.length))
         allowed = np.concatenate([cache, among], axis=2)
         key_pos = np.concatenate([slots.slot_pos, positions], axis=1)
+        tokens_t, positions_t, allowed_t, key_pos_t = to_device([tokens, positions, allowed, key_pos], self.device)
+        return tokens_t, positions_t, self.layout.masks(allowed_t, positions_t, key_pos_t, self.dtype)
+
+
+    def _static_inputs(self, tokens: np.ndarray, positions: np.ndarray, among: np.ndarray):
+        """A static step's inputs: tokens and positions (B, W) and the mask over the whole pool,
+        (B, 1, W, C) (a dict by kind for keyed models): the live slots as ``slots.visible`` says,
+        the tree at slots T .. T + W - 1 as ``among`` says, nothing past them."""
+        rows, width = positions.shape
+        slots, capacity = self.slots, self.pools[0].capacity
+        length = slots.length
+        allowed = np.zeros((rows, width, capacity), dtype=bool)
+        key_pos = np.zeros((rows, capacity), dtype=np.int64)
+        if slots.dense:  # slot j holds position j in every row, all visible (``RowSlots``)
+            allowed[:, :, :length] = True
+            key_pos[:, :length] = np.arange(length)
+        else:
+            allowed[:, :, :length] = slots.visible[:, None, :]
+            key_pos[:, :length] = slots.slot_pos
+        allowed[:, :, length : length + width] = among
+        key_pos[:, length : length + width] = positions
         tokens_t, positions_t, allowed_t, key_pos_t = to_device([tokens, positions, allowed, key_pos], self.device)
         return tokens_t, positions_t, self.layout.masks(allowed_t, positions_t, key_pos_t, self.dtype)
 

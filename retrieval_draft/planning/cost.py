@@ -64,6 +64,17 @@ GPU_FLAT_TOKENS = 8  # on a GPU a tree of up to this many tokens costs about one
 GPU_SLACK = 3.0  # ... within this factor (a launch-bound VM measured 2-3 lone roots for 2-7 nodes)
 
 
+def stepped(cost: VerifyCost, widths: tuple[int, ...]) -> VerifyCost:
+    """``cost`` as static steps pay it (``model.static_shapes``): a tree of n nodes runs padded to
+    the smallest of ``widths`` (increasing) that holds it, so it costs that width's forward. The
+    curve ends at the widest width (or where it ended, if that comes first)."""
+    top = min(cost.max_nodes, widths[-1])
+    sizes = np.arange(top + 1)
+    padded = np.asarray(widths)[np.searchsorted(widths, np.maximum(sizes, 1))]
+    seconds = cost.seconds[np.minimum(padded, cost.max_nodes)]
+    return replace(cost, seconds=seconds)
+
+
 def plausible_limit(lone_seconds: float, sizes: np.ndarray, gpu: bool = False) -> np.ndarray:
     """Most seconds a forward over each of ``sizes`` (shape (m,), new tokens) can plausibly take on a
     machine whose lone root takes ``lone_seconds``: k lone roots on a CPU, about one lone root per

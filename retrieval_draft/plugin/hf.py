@@ -27,12 +27,14 @@ from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.drafters.registry import DraftSources, default_names, make_drafters
 from retrieval_draft.plugin.hf_options import ScoreRecorder, build_output, check_options, padded_sequences, score_recorder
 from retrieval_draft.sessions.memory import PROCESS_MEMORY, PluginMemory
+from retrieval_draft.planning.cost import stepped
 from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.plugin.keywords import plugin_keywords
 from retrieval_draft.model.generate_kwargs import eos_token_ids, pad_token_id, receives_generate_kwargs
 from retrieval_draft.model.row_processors import row_processors
 from retrieval_draft.model.attention_layout import CHAIN
 from retrieval_draft.model.prefix_cache import PrefixCache, ReuseReport
+from retrieval_draft.model.static_shapes import StaticSteps, compiles, static_widths
 from retrieval_draft.model.tree_model import TreeModel, context_limit, validate_inputs
 
 if TYPE_CHECKING:
@@ -152,13 +154,19 @@ def generate(
     prefixes = memory.model(model).prefixes
     with memory.model(model).lock:
         tree_model = TreeModel(model)
+        static = static_steps(model, generation_config, config.tree_budget if ours.planner is None
+                              else ours.planner.tree_budget, memory)
+        if static is not None:
+            tree_model.use_static(static)
         tree_model.start_reuse(prefixes, config.prefix_cache_bytes, input_ids, attention_mask, model_kwargs)
         if ours.planner is None:  # one row verified as trees can measure the cost curve while it decodes
-            can_probe = rows == 1 and tree_model.layout.mode != CHAIN
-            planner = make_planner(model, config, options.do_sample, memory, can_probe)
+            can_probe = rows == 1 and tree_model.layout.mode != CHAIN and static is None
+            planner = make_planner(model, config, options.do_sample, memory, can_probe,
+                                   None if static is None else static.widths)
         else:
             planner = ours.planner
-        tree_model.reserve = options.max_new_tokens + planner.tree_budget + 1  # new tokens and one tree (the planner's)
+        widest = planner.tree_budget + 1 if static is None else static.widest
+        tree_model.reserve = options.max_new_tokens + widest  # new tokens and one tree (the planner's)
         tree_model.row_by_row = planner.row_by_row  # the matmul loop measured on this machine, with the curve
         for row, row_streamer in enumerate(streamers):
             if row_streamer is not None and not ours.prompt_streamed:
@@ -224,6 +232,20 @@ def prefill(
     return stats
 
 
+def static_steps(model, generation_config, tree_budget: int, memory: PluginMemory) -> StaticSteps | None:
+    """The call's static-shape verification for ``cache_implementation="static"`` (else None): widths
+    up to a tree of ``tree_budget`` draft nodes, the forward compiled where HF's own static cache
+    compiles it (``static_shapes.compiles``; the compiled call kept per model and compile config by
+    ``memory``), else the model run eagerly at those shapes."""
+    if generation_config.cache_implementation != "static":
+        return None
+    widths = static_widths(tree_budget + 1)
+    device = next(model.parameters()).device
+    if not compiles(device, generation_config):
+        return StaticSteps(widths)
+    return StaticSteps(widths, memory.compiled(model, generation_config.compile_config), compiled=True)
+
+
 def _report_reuse(stats: DecodeStats, report: ReuseReport, prefixes: PrefixCache) -> None:
     """Write what the prefill reused (``report``) and what the model's prefix cache holds into ``stats``."""
     stats.reused_tokens = report.reused
@@ -247,14 +269,18 @@ def _sampling_generator(seed: int | None) -> torch.Generator:
 
 
 def make_planner(
-    model, config: DraftConfig, sampling: bool, memory: PluginMemory = PROCESS_MEMORY, can_probe: bool = False
+    model, config: DraftConfig, sampling: bool, memory: PluginMemory = PROCESS_MEMORY, can_probe: bool = False,
+    widths: tuple[int, ...] | None = None,
 ) -> TreePlanner:
     """A tree planner for one call: cost-aware when ``config.adaptive_tree`` (the model's
     curve from ``memory``, kept on disk across processes; where there is none yet, a call that
     ``can_probe`` measures it from its own forwards, ``PluginMemory.planning_cost``), else fixed
     size; with ``config.draft_learning`` it shares the model's learned rates, cost corrections
-    and drafter gate."""
+    and drafter gate. ``widths``: the static widths forwards run at (``static_shapes``), None for
+    the dynamic cache: the curve then prices a tree at the width it is padded to (``stepped``)."""
     cost, probe = memory.planning_cost(model, can_probe) if config.adaptive_tree else (None, None)
+    if cost is not None and widths is not None:
+        cost = stepped(cost, widths)
     if not config.draft_learning:
         return TreePlanner(tree_budget=config.tree_budget, cost=cost, probe=probe)
     learned = memory.model(model)

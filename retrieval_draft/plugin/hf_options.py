@@ -53,6 +53,11 @@ _REFUSED: "MappingProxyType[str, tuple[Callable, str]]" = MappingProxyType({
     ),
     "assistant_early_exit": (lambda v: v is not None, "HF's self-speculation; retrieval_draft drafts by itself"),
     "use_mtp": (bool, "multi-token-prediction drafting; retrieval_draft drafts by itself"),
+    "cache_implementation": (
+        lambda v: v not in (None, "dynamic", "static"),
+        "retrieval_draft decodes on its own in-place cache (the default) or, with 'static', at fixed shapes "
+        "over a preallocated one, compiled as HF compiles its static cache",
+    ),
     "watermarking_config": (
         lambda v: isinstance(v, SynthIDTextWatermarkingConfig),
         "SynthID watermarking keeps per-call state and cannot score a tree",

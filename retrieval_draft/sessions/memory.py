@@ -16,6 +16,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -48,6 +49,9 @@ class ModelMemory:
             None until first needed.
         prefixes: KV rows of recent calls' sequences, by token prefix (``model.prefix_cache``),
             this process only; a call starts from the longest one its prompt begins with.
+        compiled: compile config (its ``repr``) -> the model's forward compiled for static steps
+            (``static_shapes.compiled_forward``), made by the first ``cache_implementation="static"``
+            call that compiles, so later calls replay its graphs instead of compiling again.
         lock: held by the plugin for a whole generation, so calls with one model
             from several threads run one after another (a tree forward switches
             the model's attention function and linear layers while it runs).
@@ -64,6 +68,7 @@ class ModelMemory:
     prefixes: PrefixCache = field(default_factory=PrefixCache, repr=False)
     rates_saved_at: float = 0.0  # time.monotonic() of the last save to disk
     rechecked: bool = False  # this process already measured a drifted curve again (once per process)
+    compiled: dict = field(default_factory=dict, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
@@ -118,6 +123,17 @@ class PluginMemory:
         if memory.recycled is None:
             memory.recycled = RecyclingDrafter(int(model.config.vocab_size))
         return memory.recycled
+
+    def compiled(self, model: torch.nn.Module, compile_config) -> Callable:
+        """``model``'s forward compiled for static steps with ``compile_config`` (None: HF's defaults),
+        made once per model and config in this process (``static_shapes.compiled_forward``)."""
+        from retrieval_draft.model.static_shapes import compiled_forward
+
+        kept = self.model(model).compiled
+        key = repr(compile_config.to_dict()) if compile_config is not None else None
+        if key not in kept:
+            kept[key] = compiled_forward(model, compile_config)
+        return kept[key]
 
     def knows(self, model: torch.nn.Module) -> bool:
         """Whether anything is remembered for ``model``."""
