@@ -26,6 +26,7 @@ Pooling copies the prefill's rows once, so for that moment the cache takes twice
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 import numpy as np
 import torch
@@ -35,6 +36,16 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from retrieval_draft.model.transfer import to_device
 
 MIN_CAPACITY = 256  # rows allocated at least, so short prompts do not regrow every few steps
+
+# Where a pool's two tensors come from: (name "keys" or "values", shape, dtype, device) -> an
+# uninitialised tensor. ``fresh`` allocates; static steps hand back the last call's tensors of the
+# same shape (``static_shapes.PoolSlab``), so compiled graphs keep their addresses.
+Allocate = Callable[[str, tuple, torch.dtype, torch.device], torch.Tensor]
+
+
+def fresh(name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A new uninitialised tensor (``Allocate``)."""
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 class GrowingLayer(DynamicLayer):
@@ -140,12 +151,13 @@ class KVPool:
     ``_value_buffer`` are views of entry i.
     """
 
-    def __init__(self, layers: list[GrowingLayer]) -> None:
+    def __init__(self, layers: list[GrowingLayer], allocate: Allocate = fresh) -> None:
         first = layers[0]
+        keys, values = first._key_buffer, first._value_buffer
         self.layers = layers
-        self.rows = first._key_buffer.shape[0]
-        self.keys = first._key_buffer.new_empty((len(layers), *first._key_buffer.shape))
-        self.values = first._value_buffer.new_empty((len(layers), *first._value_buffer.shape))
+        self.rows = keys.shape[0]
+        self.keys = allocate("keys", (len(layers), *keys.shape), keys.dtype, keys.device)
+        self.values = allocate("values", (len(layers), *values.shape), values.dtype, values.device)
         for i, layer in enumerate(layers):
             length = layer.keys.shape[-2]
             self.keys[i, ..., :length, :].copy_(layer.keys)
@@ -220,9 +232,10 @@ class KVPool:
         self._point()
 
 
-def pooled(cache: DynamicCache) -> list[KVPool]:
+def pooled(cache: DynamicCache, allocate: Allocate = fresh) -> list[KVPool]:
     """The pools holding ``cache``'s ``GrowingLayer``s; layers with buffers but no pool yet are
-    pooled first, one pool per shape, dtype and device of their key and value buffers."""
+    pooled first, one pool per shape, dtype and device of their key and value buffers (its
+    tensors from ``allocate``)."""
     pools: dict[int, KVPool] = {}
     loose: dict[tuple, list[GrowingLayer]] = {}
     for layer in cache.layers:
@@ -234,7 +247,7 @@ def pooled(cache: DynamicCache) -> list[KVPool]:
             keys, values = layer._key_buffer, layer._value_buffer
             kind = (tuple(keys.shape), tuple(values.shape), keys.dtype, values.dtype, keys.device)
             loose.setdefault(kind, []).append(layer)
-    return list(pools.values()) + [KVPool(layers) for layers in loose.values()]
+    return list(pools.values()) + [KVPool(layers, allocate) for layers in loose.values()]
 
 
 def growing_cache(reserve: int | None = None) -> DynamicCache:
@@ -244,16 +257,18 @@ def growing_cache(reserve: int | None = None) -> DynamicCache:
     return cache
 
 
-def seeded_cache(seeds: list, first: int, capacity: int, rows: int) -> tuple[DynamicCache, KVPool]:
+def seeded_cache(seeds: list, first: int, capacity: int, rows: int,
+                 allocate: Allocate = fresh) -> tuple[DynamicCache, KVPool]:
     """A cache of ``GrowingLayer``s in one pool of ``capacity`` positions per row (at least
-    ``MIN_CAPACITY``), and that pool. ``seeds``: per row, None or known rows (``prefix_cache.RowSeed``:
-    ``keys`` (layers, H_kv, >= count, d_k), ``values``, ``count``), copied to slots first - count ..
-    first - 1; slots before them hold zeros (hidden, but finite)."""
+    ``MIN_CAPACITY``; its tensors from ``allocate``), and that pool. ``seeds``: per row, None or known
+    rows (``prefix_cache.RowSeed``: ``keys`` (layers, H_kv, >= count, d_k), ``values``, ``count``), copied
+    to slots first - count .. first - 1; slots before them hold zeros (hidden, but finite)."""
     sample = next(seed for seed in seeds if seed is not None)
     layers, heads, _, key_dim = sample.keys.shape
     capacity = max(capacity, MIN_CAPACITY)
-    keys = sample.keys.new_empty((layers, rows, heads, capacity, key_dim))
-    values = sample.values.new_empty((layers, rows, heads, capacity, sample.values.shape[-1]))
+    keys = allocate("keys", (layers, rows, heads, capacity, key_dim), sample.keys.dtype, sample.keys.device)
+    values = allocate("values", (layers, rows, heads, capacity, sample.values.shape[-1]), sample.values.dtype,
+                      sample.values.device)
     for row, seed in enumerate(seeds):
         count = 0 if seed is None else seed.count
         keys[:, row, :, : first - count].zero_()

@@ -15,8 +15,11 @@ steps change shape every step (the tree's width W, the live cache length T), so 
 - the accepted rows are compacted inside the pool by ``KVPool.move``, outside the graph, as on
   the eager path.
 
-``StaticSteps`` holds one call's choice (widths, capacity, and the forward: the model itself or
-a compiled call of it, kept per model by ``PluginMemory``). Whether to compile follows HF's own
+``StaticSteps`` holds one call's choice (widths, the forward: the model itself or a compiled call
+of it, and the model's ``PoolSlab``, both kept per model by ``PluginMemory``). The slab hands a
+call the last call's pool tensors when their shape is the same (capacities are multiples of
+``CAPACITY_STEP``), so a compiled forward's CUDA graphs find the cache where they recorded it
+instead of recording again. Whether to compile follows HF's own
 rule for ``cache_implementation="static"`` (``compiles``): on CUDA (and the other accelerators
 HF lists) unless ``generation_config.disable_compile``, elsewhere only when its
 ``compile_config`` asks for every device.
@@ -131,6 +134,24 @@ def slot_cache(pool, start: torch.Tensor) -> DynamicCache:
     return cache
 
 
+class PoolSlab:
+    """The tensors of one model's last static pool, handed to its next call when the shape matches
+    (``kv_cache.Allocate``). Holds one pool at a time: a call of another shape replaces it. Calls
+    with one model run one at a time (``ModelMemory.lock``), so one call's pool is never another's."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[tuple, torch.Tensor]] = {}
+
+    def take(self, name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The held ``name`` tensor ("keys" or "values") if it has this shape, dtype and device, else a new one
+        (then held). Its contents are whatever the last call left."""
+        key = (tuple(shape), dtype, torch.device(device))
+        held = self._held.get(name)
+        if held is None or held[0] != key:
+            held = self._held[name] = (key, torch.empty(shape, dtype=dtype, device=device))
+        return held[1]
+
+
 @dataclass(frozen=True)
 class StaticSteps:
     """One call's static-shape verification (``TreeModel.static``).
@@ -140,11 +161,13 @@ class StaticSteps:
         forward: what runs the model: the model itself (eager) or ``compiled_forward``'s result.
         compiled: whether ``forward`` is compiled (the skinny matmul and the grouped tree
             attention, which swap modules and functions at run time, stay off then).
+        slab: where the call's pool comes from (the model's ``PoolSlab``), None for fresh tensors.
     """
 
     widths: tuple[int, ...] = WIDTHS
     forward: Callable | None = None
     compiled: bool = False
+    slab: PoolSlab | None = None
 
     def __post_init__(self) -> None:
         if not self.widths or list(self.widths) != sorted(set(self.widths)) or self.widths[0] < 1:

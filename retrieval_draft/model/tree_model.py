@@ -44,7 +44,7 @@ from retrieval_draft.errors import InvalidInputError, UnsupportedModelError, cou
 from retrieval_draft.tree import DraftTree
 from retrieval_draft.model.attention_layout import CHAIN, attention_layout
 from retrieval_draft.model.chain_probe import probe_chain_forward
-from retrieval_draft.model.kv_cache import GrowingLayer, KVPool, cut_back, model_cache, pooled, seeded_cache
+from retrieval_draft.model.kv_cache import GrowingLayer, KVPool, cut_back, fresh, model_cache, pooled, seeded_cache
 from retrieval_draft.model.prefix_cache import (
     PrefixCache, PrefixReuse, ReuseReport, SeededPrefill, layout_blocker, weights_signature,
 )
@@ -151,6 +151,10 @@ class TreeModel:
             return self.reserve
         return static_capacity(slots + (self.reserve or 0)) - slots
 
+    def _allocate(self):
+        """Where the call's pool comes from (``kv_cache.Allocate``): the static steps' slab, else fresh tensors."""
+        return fresh if self.static is None or self.static.slab is None else self.static.slab.take
+
     def _attach_static(self) -> None:
         """After a prefill: the static steps' view of the pool (one pool of every layer, ``_one_pool``)."""
         if self.static is None:
@@ -204,7 +208,7 @@ class TreeModel:
         self.cache = model_cache(self.model.config, bool(self.layout.own_cache_kinds), self._reserve_after(length))
         out = self._run(self.cache, input_ids.to(self.device), positions.to(self.device),
                         mask.to(self.device) if padded else None, last_only=True)
-        self.pools = pooled(self.cache)  # every layer's rows in one tensor from here on, once per call
+        self.pools = pooled(self.cache, self._allocate())  # every layer's rows in one tensor from here on, once per call
         self.slots = RowSlots(mask.numpy().astype(bool), positions.numpy().astype(np.int64))
         self._attach_static()
         return out.logits[:, -1].float()
@@ -228,13 +232,14 @@ class TreeModel:
     def kept_rows(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch row ``position``'s kept rows in position order: keys (layers, H_kv, n, d_k) and values
         (layers, H_kv, n, d_v), n = the row's kept tokens (the cache is one pool, ``_one_pool``).
-        Copies, except for a pool of one row whose spare capacity is at most ``HANDOFF_SLACK`` of n:
-        then views of the pool itself (the call is over and this model dropped, so nothing writes it
-        again; the prefix cache counts its whole storage)."""
+        Copies, except for a pool of one row whose spare capacity is at most ``HANDOFF_SLACK`` of n
+        and not a static one (whose tensors the next call takes over, ``PoolSlab``): then views of the
+        pool itself (the call is over and this model dropped, so nothing writes it again; the prefix
+        cache counts its whole storage)."""
         pool, slots = self.pools[0], self.slots
         count = int(slots.next_pos[position])
         keys, values = pool.keys[:, position], pool.values[:, position]
-        if slots.dense and pool.keys.shape[1] == 1 and pool.capacity <= count * (1 + HANDOFF_SLACK):
+        if slots.dense and pool.keys.shape[1] == 1 and pool.capacity <= count * (1 + HANDOFF_SLACK) and self.static is None:
             return keys[:, :, :count], values[:, :, :count]
         if slots.dense:
             return keys[:, :, :count].clone(), values[:, :, :count].clone()
@@ -256,7 +261,7 @@ class TreeModel:
         prefill of all 2,926 took 6.9 s). Returns the last position's logits, (B, V) float32."""
         first, width = seeded.first, seeded.width
         cache, pool = seeded_cache(seeded.seeds, first, first + width + (self._reserve_after(first + width) or 0),
-                                   seeded.tokens.shape[0])
+                                   seeded.tokens.shape[0], self._allocate())
         slots = RowSlots(seeded.visible, seeded.slot_pos)
         for start in range(0, width, PREFILL_CHUNK):
             end = min(start + PREFILL_CHUNK, width)

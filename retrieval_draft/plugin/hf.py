@@ -236,14 +236,14 @@ def static_steps(model, generation_config, tree_budget: int, memory: PluginMemor
     """The call's static-shape verification for ``cache_implementation="static"`` (else None): widths
     up to a tree of ``tree_budget`` draft nodes, the forward compiled where HF's own static cache
     compiles it (``static_shapes.compiles``; the compiled call kept per model and compile config by
-    ``memory``), else the model run eagerly at those shapes."""
+    ``memory``), else the model run eagerly at those shapes; the pool from the model's slab."""
     if generation_config.cache_implementation != "static":
         return None
     widths = static_widths(tree_budget + 1)
-    device = next(model.parameters()).device
-    if not compiles(device, generation_config):
-        return StaticSteps(widths)
-    return StaticSteps(widths, memory.compiled(model, generation_config.compile_config), compiled=True)
+    slab = memory.model(model).slab
+    if not compiles(next(model.parameters()).device, generation_config):
+        return StaticSteps(widths, slab=slab)
+    return StaticSteps(widths, memory.compiled(model, generation_config.compile_config), compiled=True, slab=slab)
 
 
 def _report_reuse(stats: DecodeStats, report: ReuseReport, prefixes: PrefixCache) -> None:

@@ -23,6 +23,7 @@ import torch
 from retrieval_draft.drafters.history import HistoryDrafter
 from retrieval_draft.drafters.recycling import RecyclingDrafter
 from retrieval_draft.model.prefix_cache import PrefixCache
+from retrieval_draft.model.static_shapes import PoolSlab
 from retrieval_draft.planning.calibration import AcceptanceCalibrator, RankCorrection
 from retrieval_draft.planning.cost import ObservedCost, VerifyCost, clamped, plausible
 from retrieval_draft.planning.cost_probe import CostProbe
@@ -52,6 +53,8 @@ class ModelMemory:
         compiled: compile config (its ``repr``) -> the model's forward compiled for static steps
             (``static_shapes.compiled_forward``), made by the first ``cache_implementation="static"``
             call that compiles, so later calls replay its graphs instead of compiling again.
+        slab: the last static call's pool tensors, handed to the next call of the same shape
+            (``static_shapes.PoolSlab``), so those graphs find the cache at the addresses they recorded.
         lock: held by the plugin for a whole generation, so calls with one model
             from several threads run one after another (a tree forward switches
             the model's attention function and linear layers while it runs).
@@ -69,6 +72,7 @@ class ModelMemory:
     rates_saved_at: float = 0.0  # time.monotonic() of the last save to disk
     rechecked: bool = False  # this process already measured a drifted curve again (once per process)
     compiled: dict = field(default_factory=dict, repr=False)
+    slab: PoolSlab = field(default_factory=PoolSlab, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 

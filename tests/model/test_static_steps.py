@@ -201,3 +201,37 @@ def test_static_is_refused_for_a_model_verified_as_chains():
     with pytest.raises(UnsupportedModelError, match="cache_implementation='static' is not supported") as caught:
         model.generate(ids, max_new_tokens=4, custom_generate=retrieval_draft.generate, cache_implementation="static")
     assert "\n" not in str(caught.value)
+
+
+def test_calls_of_one_shape_reuse_the_pool_tensors():
+    model = make_tiny_llama()
+    memory = PluginMemory(persist=False)
+    addresses = []
+    for seed in (6, 7):
+        ids, mask = _repeating_batch(seed, rows=1)
+        ours = _ours(model, ids, mask, memory=memory, max_new_tokens=20, cache_implementation="static",
+                     prefix_cache_bytes=0)
+        assert torch.equal(ours, model.generate(ids, max_new_tokens=20, do_sample=False))
+        addresses.append(memory.model(model).slab.take("keys", *_held(memory, model)).data_ptr())
+    assert addresses[0] == addresses[1]
+
+
+def _held(memory, model) -> tuple:
+    """The (shape, dtype, device) of the slab's held keys."""
+    key, _ = memory.model(model).slab._held["keys"]
+    return key
+
+
+def test_rows_kept_for_later_calls_survive_the_next_call_taking_the_pool():
+    model = make_tiny_llama()
+    memory = PluginMemory(persist=False)
+    first = torch.randint(3, 300, (1, 200), generator=torch.Generator().manual_seed(8))
+    other = torch.randint(3, 300, (1, 200), generator=torch.Generator().manual_seed(9))
+    kept = _ours(model, first, torch.ones_like(first), memory=memory, max_new_tokens=20, cache_implementation="static")
+    _ours(model, other, torch.ones_like(other), memory=memory, max_new_tokens=20, cache_implementation="static")
+    later = torch.cat([kept, first[:, :3]], dim=1)  # begins with the first call's prompt and answer
+    stats = DecodeStats()
+    ours = _ours(model, later, torch.ones_like(later), memory=memory, max_new_tokens=20,
+                 cache_implementation="static", draft_stats=stats)
+    assert stats.reused_tokens > 200
+    assert torch.equal(ours, model.generate(later, max_new_tokens=20, do_sample=False))

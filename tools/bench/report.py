@@ -11,7 +11,9 @@ Definitions (the same for every system):
   wall speed-ups),
   drafting share = geometric mean over prompts of the system's decode tokens/s over ours with
   ``tree_budget=0`` (system ``budget0``: our forward, no drafts; what a GPU user gains, where
-  our CPU matmul's lead over MKL does not count), accepted tokens per step = all emitted
+  our CPU matmul's lead over MKL does not count; for ``static`` over ``static_budget0``,
+  ``SHARE_BASES``), over HF static = the same ratio over HF's static cache (``hf_compiled``,
+  compiled on a GPU), accepted tokens per step = all emitted
   tokens / all tree steps, nodes per step likewise, time drafting = all drafting time / all
   decode time (our statistics), identical rate = share of runs whose output tensor equals
   HF greedy's (in bfloat16 / float16 also the share exact by the near-tie rule,
@@ -116,7 +118,8 @@ def per_prompt(runs: list[dict], baseline: str = "hf") -> list[dict]:
     for (workload, prompt_id, system), group in groups.items():
         base = medians.get((workload, prompt_id, baseline))
         base_wall = walls.get((workload, prompt_id, baseline))
-        zero = medians.get((workload, prompt_id, SHARE_BASE)) if group[0]["stats"] is not None else None
+        zero = medians.get((workload, prompt_id, SHARE_BASES.get(system, SHARE_BASE))) if group[0]["stats"] is not None else None
+        compiled = medians.get((workload, prompt_id, COMPILED_BASE))
         rows.append(
             {
                 "workload": workload,
@@ -126,6 +129,7 @@ def per_prompt(runs: list[dict], baseline: str = "hf") -> list[dict]:
                 "speedup": round(medians[(workload, prompt_id, system)] / base, 4) if base else None,
                 "wall_speedup": round(base_wall / walls[(workload, prompt_id, system)], 4) if base_wall else None,
                 "share": round(medians[(workload, prompt_id, system)] / zero, 4) if zero else None,
+                "over_compiled": round(medians[(workload, prompt_id, system)] / compiled, 4) if compiled else None,
                 "new_tokens": group[0]["new_tokens"],
                 "repeats": len(group),
             }
@@ -147,6 +151,8 @@ def summarize(runs: list[dict], prompt_rows: list[dict]) -> dict:
 
 
 SHARE_BASE = "budget0"  # the drafting share: a system's decode speed over ours with tree_budget=0
+SHARE_BASES = {"static": "static_budget0", "static_budget0": "static_budget0"}  # static steps: over static, no drafts
+COMPILED_BASE = "hf_compiled"  # HF's static cache, compiled on a GPU: what a speed-conscious GPU user runs
 
 
 def derive(result: dict) -> None:
@@ -165,6 +171,7 @@ def _summary(runs: list[dict], rows: list[dict]) -> dict:
     speedups = [r["speedup"] for r in rows if r["speedup"]]
     wall_speedups = [r["wall_speedup"] for r in rows if r["wall_speedup"]]
     shares = [r["share"] for r in rows if r.get("share")]
+    over_compiled = [r["over_compiled"] for r in rows if r.get("over_compiled")]
     nodes = sum(s["tree_nodes"] for s in stats if "tree_nodes" in s)
     return {
         "prompts": len(rows),
@@ -174,6 +181,7 @@ def _summary(runs: list[dict], rows: list[dict]) -> dict:
         "wall_speedup_geomean": round(geomean(wall_speedups), 4) if wall_speedups else None,
         "mean_accepted": round(sum(s["step_tokens"] for s in stats) / steps, 3) if steps else None,
         "share_geomean": round(geomean(shares), 4) if shares else None,
+        "over_compiled_geomean": round(geomean(over_compiled), 4) if over_compiled else None,
         "nodes_per_step": round(nodes / steps, 3) if steps and nodes else None,
         "draft_share": round(sum(s["draft_s"] for s in stats) / decode, 4) if decode else None,
         "identical_rate": _rate([r["identical"] for r in runs]),
@@ -220,15 +228,15 @@ def summary_table(result: dict) -> str:
     """The per-workload markdown table; unavailable systems say why."""
     lines = [
         "| workload | system | decode tok/s | speedup vs HF (geomean) | drafting share (over tree_budget=0) "
-        "| wall speed-up, prefill included | accepted/step | nodes/step | time drafting | identical |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| vs HF static cache | wall speed-up, prefill included | accepted/step | nodes/step | time drafting | identical |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     labels = result["labels"]
     for workload, systems in result["summary"].items():
         for system in result["config"]["systems"]:
             reason = result["unavailable"].get(system)
             if reason:
-                lines.append(f"| {workload} | {labels[system]} | {reason} | {reason} | | | | | | |")
+                lines.append(f"| {workload} | {labels[system]} | {reason} | {reason} | | | | | | | |")
                 continue
             s = systems[system]
             rate = "n/a" if s["identical_rate"] is None else f"{100 * s['identical_rate']:.0f}%"
@@ -237,7 +245,8 @@ def summary_table(result: dict) -> str:
             lines.append(
                 f"| {workload} | {labels[system]} | {_fmt(s['tokens_per_s'], '.1f')} | "
                 f"{_fmt(s['speedup_geomean'], '.2f')}x | {_fmt(s.get('share_geomean'), '.2f', '')}"
-                f"{'x' if s.get('share_geomean') else ''} | {_fmt(s['wall_speedup_geomean'], '.2f')}x | "
+                f"{'x' if s.get('share_geomean') else ''} | {_fmt(s.get('over_compiled_geomean'), '.2f', '')}"
+                f"{'x' if s.get('over_compiled_geomean') else ''} | {_fmt(s['wall_speedup_geomean'], '.2f')}x | "
                 f"{_fmt(s['mean_accepted'], '.2f', '')} | {_fmt(s.get('nodes_per_step'), '.1f', '')} | "
                 f"{_pct(s['draft_share'])} | {rate} |"
             )
@@ -305,7 +314,8 @@ def markdown(result: dict) -> str:
             f"datastore: {c['datastore'] or 'none'} ({c['datastore_status']}); "
             f"warm output history: {c.get('history') or 'none'}",
             f"- code: commit {str(c['code']['commit'])[:10]}, {c['code']['changed_files']} files changed or untracked",
-            f"- untimed warm-up: {c.get('warm_up', 'every system, 8 tokens (older harness)')}; "
+            f"- untimed warm-up: {c.get('warm_up', 'every system, 8 tokens (older harness)')} "
+            f"({', '.join(f'{k} {v:.2f} s' for k, v in result.get('warmup_s', {}).items()) or 'not timed'}); "
             f"plugin memory: {c.get('model_handles', 'one model object shared by all systems (older harness)')}",
             f"- decode tok/s = new tokens / (wall - prefill); wall time {result['elapsed_s']:.0f} s",
             "",

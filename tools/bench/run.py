@@ -85,7 +85,8 @@ QUICK = {
 FULL = {"prompts": 8, "max_new_tokens": 128, "repeats": 2, "fresh_process": True, "systems": ",".join(SYSTEMS),
         "prefill_tries": 3}
 WARMUP_TOKENS = 8
-WARMUP = f"one plain HF greedy generate of {WARMUP_TOKENS} tokens (torch's first-call set-up); nothing of ours"
+WARMUP = (f"one plain HF greedy generate of {WARMUP_TOKENS} tokens (torch's first-call set-up), and one with HF's "
+          "static cache when hf_compiled runs (its compile, on a GPU); nothing of ours")
 OUTPUT_HEAD_CHARS = 160  # of each prompt and HF output, kept in the JSON to show what was generated
 
 
@@ -190,10 +191,13 @@ def make_setup(model, session, args, ids, reference, max_new_tokens, seed, store
     )
 
 
-def warm_up(session, args, ids) -> None:
-    """``WARMUP``: one untimed plain HF generate; none of our systems is warmed up."""
+def warm_up(session, args, ids, systems: list[str]) -> dict:
+    """``WARMUP``: one untimed plain HF generate, and one of HF's static cache when it runs (on a GPU
+    HF compiles its forward in its first call); none of our systems is warmed up. Returns the
+    warm-up calls' wall seconds by system."""
     setup = make_setup(session.model, session, args, ids, None, WARMUP_TOKENS, args.seed)
-    run_system(SYSTEMS["hf"], setup)
+    return {name: round(run_system(SYSTEMS[name], setup).wall_s, 3)
+            for name in ("hf", "hf_compiled") if name == "hf" or name in systems}
 
 
 def run_order(systems: list[str], repeat: int, index: int, greedy: bool) -> list[str]:
@@ -319,7 +323,7 @@ def _run(args: argparse.Namespace) -> dict:
     machine = machine_info()
     cache = planning_records(session.model, args.cache)
     started = time.perf_counter()
-    warm_up(session, args, encoded[0])
+    warmups = warm_up(session, args, encoded[0], runnable)
     handles = ModelHandles(session.model)
     runs, heads = [], []
     for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
@@ -338,6 +342,7 @@ def _run(args: argparse.Namespace) -> dict:
          "prompt_head": p.text[:OUTPUT_HEAD_CHARS], "hf_output_head": head, "repo_store": p.store}
         for p, ids, head in zip(prompts, encoded, heads)
     ]
+    result["warmup_s"] = warmups  # untimed first calls: plain HF, and HF's static cache (its compile on a GPU)
     result["elapsed_s"] = round(time.perf_counter() - started, 1)
     result["runs"] = runs
     result["planning"] = handles.planning()

@@ -2,8 +2,10 @@
 
 Three kinds:
 
-- ``hf``: HF's own ``generate`` (greedy: the baseline of every speedup), and
-  HF's prompt lookup.
+- ``hf``: HF's own ``generate`` (greedy: the baseline of every speedup),
+  HF's prompt lookup, and HF's static cache (``hf_compiled``:
+  ``cache_implementation="static"``, which HF compiles on a GPU, its CUDA graphs included;
+  one untimed warm-up call, timed apart, before the prompts).
 - ``readme``: exactly the README's lines, default options, nothing the user
   would not pass (``draft_stats=``, documented, is the one addition)::
 
@@ -18,6 +20,9 @@ Three kinds:
   to explain the numbers (prompt lookup alone, the defaults without logits
   recycling, a warm history, the oracle), and the README call with
   ``tree_budget=0`` (our forward, no drafts: the base of the drafting share).
+  ``static`` is the README call with ``cache_implementation="static"`` (documented in
+  docs/options.md: fixed tree widths, compiled where HF compiles); its drafting share is over
+  ``static_budget0``, the same call with ``tree_budget=0``.
 - ``peer``: another project's drafter running in our engine through the README
   call's ``drafters=`` (SuffixDecoding, ``tools.bench.peers``), so drafting
   quality is compared on the same verifier, planner and model.
@@ -173,10 +178,15 @@ SYSTEMS: dict[str, System] = {
         System("hf", "HF generate", "hf", hf_kwargs={}),
         System("hf_pld", f"HF prompt lookup ({HF_PROMPT_LOOKUP_TOKENS})", "hf",
                hf_kwargs={"prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS}),
+        System("hf_compiled", "HF static cache (compiled on a GPU)", "hf", hf_kwargs={"cache_implementation": "static"}),
         System("defaults", "ours: defaults (README call)", "readme"),
         System("datastore", "ours: datastore= (README call)", "readme", readme_datastore=True),
         System("budget0", "diagnostic: tree_budget=0 (our forward, no drafts)", "diagnostic",
                plugin_kwargs={"tree_budget": 0}),
+        System("static", "ours: cache_implementation='static' (README call)", "readme",
+               plugin_kwargs={"cache_implementation": "static"}),
+        System("static_budget0", "diagnostic: static, tree_budget=0", "diagnostic",
+               plugin_kwargs={"cache_implementation": "static", "tree_budget": 0}),
         System("suffix", "peer: SuffixDecoding in our engine", "peer", drafters=_suffix_decoding),
         System("datastore_b", "ours: datastore= second store (README call)", "readme", readme_datastore=True,
                second_store=True),
