@@ -18,6 +18,12 @@ Writes under ``--out``:
   shapes of Llama 3.2 1B and Llama 3.1 8B in bfloat16 (cost does not depend
   on trained weights).
 
+- ``static.json`` (``--static-archs``, default llama and the real model): the plugin with
+  ``cache_implementation="static"`` (fixed tree widths; compiled with HF's defaults on CUDA, CUDA
+  graphs included) against HF's own greedy ``generate`` at each of ``--batches`` (left-padded
+  batches of random prompts), twice per batch size: the first call's seconds hold the compile
+  and capture, the second's replay them; and HF's own static cache on the same prompts, twice.
+
 Each ``equality.json`` run also lists ``sync_sites`` on CUDA: the lines where
 the plugin's call made the stream synchronise (``torch.cuda.set_sync_debug_mode``),
 with counts; the decode loop itself should add one per step (``transfer.to_host``).
@@ -129,6 +135,41 @@ def sync_sites(device: torch.device):
         sites[where] = sites.get(where, 0) + 1
 
 
+def static_check(model, prompts: list[torch.Tensor], tokens: int, batch: int) -> dict:
+    """Plugin greedy with ``cache_implementation="static"`` against HF greedy on a left-padded batch
+    of ``batch`` of ``prompts`` (each (1, L_i)), two calls each (the first compiles and captures):
+    per call its seconds and whether every row was exact (``compare``'s rule); HF's static cache's
+    two calls timed alike."""
+    import retrieval_draft
+    from tools.bench.exactness import first_divergence
+
+    chosen = [prompts[i % len(prompts)][0, : prompts[i % len(prompts)].shape[1] - (i % 3)] for i in range(batch)]
+    width = max(p.shape[0] for p in chosen)
+    ids = torch.zeros((batch, width), dtype=torch.long, device=chosen[0].device)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(chosen):
+        ids[row, width - prompt.shape[0]:], mask[row, width - prompt.shape[0]:] = prompt, 1
+    common = dict(attention_mask=mask, max_new_tokens=tokens, do_sample=False, eos_token_id=[])
+    plain = model.generate(ids, output_logits=True, return_dict_in_generate=True, **common)
+    logits = torch.stack(plain.logits)  # (m, B, V)
+    out: dict = {"batch": batch, "ours": [], "hf_static_s": []}
+    for _ in range(2):
+        started = time.perf_counter()
+        got = model.generate(ids, custom_generate=retrieval_draft.generate, cache_implementation="static", **common)
+        seconds = time.perf_counter() - started
+        exact = []
+        for row in range(batch):
+            split = first_divergence(plain.sequences[row, width:], got[row, width:], logits[:, row], model.dtype)
+            exact.append(split is None or split.near_tie)
+        out["ours"].append({"s": round(seconds, 3), "identical": bool(torch.equal(got, plain.sequences)),
+                            "exact": all(exact)})
+    for _ in range(2):
+        started = time.perf_counter()
+        model.generate(ids, cache_implementation="static", **common)
+        out["hf_static_s"].append(round(time.perf_counter() - started, 3))
+    return out
+
+
 def random_prompts(vocab: int, count: int, device: torch.device) -> list[torch.Tensor]:
     """Repetitive random prompts (a block repeated 3 times): retrieval finds drafts in them."""
     rng = np.random.default_rng(0)
@@ -156,6 +197,30 @@ def equality(device: torch.device, archs: list[str], dtypes: list[str], real, pr
         model = copy.deepcopy(master).to(device=device, dtype=DTYPES[dtype])
         ids = [tokenizer(text, return_tensors="pt").input_ids.to(device) for text in texts]
         result.setdefault("real_model", {})[dtype] = [compare(model, p, tokens, fixed_tree) for p in ids]
+    return result
+
+
+def statics(device: torch.device, archs: list[str], dtypes: list[str], real, prompts: int, tokens: int,
+            batches: list[int]) -> dict:
+    """{model: {dtype: [``static_check`` per batch size]}}; "real" is the real model (or why it was skipped)."""
+    result: dict = {}
+    for name, config in tiny_configs().items():
+        if name in archs:
+            for dtype in dtypes:
+                model = build(config, device, DTYPES[dtype])
+                chosen = random_prompts(config.vocab_size, max(prompts, 1), device)
+                result.setdefault(name, {})[dtype] = [static_check(model, chosen, tokens, b) for b in batches]
+    if "real" in archs:
+        if isinstance(real, str):
+            result["real_model"] = {"skipped": real}
+            return result
+        master, tokenizer = real
+        texts = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+                 "Repeat this line exactly: the quick brown fox jumps over the lazy dog. the quick brown"]
+        for dtype in dtypes:
+            model = copy.deepcopy(master).to(device=device, dtype=DTYPES[dtype])
+            ids = [tokenizer(text, return_tensors="pt").input_ids.to(device) for text in texts]
+            result.setdefault("real_model", {})[dtype] = [static_check(model, ids, tokens, b) for b in batches]
     return result
 
 
@@ -231,11 +296,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-len", type=int, default=256)
     p.add_argument("--repeats", type=int, default=10, help="timed forwards per median")
     p.add_argument("--fixed-tree", type=int, default=0, help="tree nodes per step (default 0: the cost-aware planner)")
+    p.add_argument("--static-archs", type=_csv, default=["llama", "real"],
+                   help="models checked with cache_implementation='static' (tiny architectures, 'real')")
+    p.add_argument("--batches", type=lambda t: [int(x) for x in _csv(t)], default=[1, 4, 8],
+                   help="batch sizes of the static check")
     p.add_argument("--quick", action="store_true", help="tiny models only, few sizes, fixed trees: a smoke run")
     args = p.parse_args(argv)
     if args.quick:
         args.shapes, args.sizes, args.model, args.prompts, args.tokens = [], [1, 2, 4, 8], "none", 1, 12
         args.cache_len, args.repeats, args.fixed_tree = 32, 2, args.fixed_tree or 16
+        args.batches = [1, 2]
     device = torch.device(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -243,10 +313,14 @@ def main(argv: list[str] | None = None) -> int:
     real = load_real(args.model)  # (model on CPU, tokenizer), or why not
     checked = equality(device, args.archs, args.dtypes, real, args.prompts, args.tokens, args.fixed_tree)
     _write(out / "equality.json", {**env, "results": checked})
+    static = statics(device, args.static_archs, args.dtypes, real, args.prompts, args.tokens, args.batches)
+    _write(out / "static.json", {**env, "results": static})
     curves = costs(device, args.shapes, real, args.sizes, args.cache_len, args.repeats)
     _write(out / "cost.json", {**env, "cache_len": args.cache_len, "ms_by_new_tokens": curves})
     failed = [f"{m}/{d}" for m, by in checked.items() for d, runs in by.items()
               if isinstance(runs, list) and not all(r["exact"] for r in runs)]
+    failed += [f"static {m}/{d}" for m, by in static.items() for d, runs in by.items()
+               if isinstance(runs, list) and not all(call["exact"] for r in runs for call in r["ours"])]
     print(json.dumps({"out": str(out), "not_exact": failed, "curves": list(curves)}, indent=1))
     return 1 if failed else 0
 

@@ -30,6 +30,13 @@ def test_a_quick_cpu_run_holds_the_exactness_rule_and_writes_a_cost_curve(tmp_pa
         assert run["gap_at_difference"] <= run["near_tie_tolerance"]
     curve = cost["ms_by_new_tokens"]["tiny_llama/float32"]
     assert curve == {"1": 125.0, "2": 125.0, "4": 125.0, "8": 125.0}
+    static = json.loads((tmp_path / "static.json").read_text())["results"]
+    assert set(static) == {"llama", "real_model"} and "skipped" in static["real_model"]
+    for dtype, checks in static["llama"].items():
+        assert [check["batch"] for check in checks] == [1, 2]
+        assert all(call["exact"] and (call["identical"] or dtype != "float32")
+                   for check in checks for call in check["ours"])
+        assert all(len(check["hf_static_s"]) == 2 for check in checks)
 
 
 @pytest.fixture(scope="module")
