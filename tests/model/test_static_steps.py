@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from transformers import CompileConfig
 
 import retrieval_draft
@@ -147,13 +148,15 @@ def test_compiled_static_step_traces_as_one_graph_and_equals_plain():
     memory = PluginMemory(persist=False)
     config = CompileConfig(backend="aot_eager", fullgraph=True)  # a graph break raises
     config._compile_all_devices = True  # HF's own switch to compile off CUDA
-    ids, mask = _repeating_batch(5, rows=1)
-    plain = model.generate(ids, max_new_tokens=24, do_sample=False)
-    for _ in range(2):
+    graphs = []
+    for seed in (5, 6):  # a second call with another prompt of the same length
+        ids, mask = _repeating_batch(seed, rows=1)
         ours = _ours(model, ids, mask, memory=memory, max_new_tokens=24, cache_implementation="static",
                      compile_config=config, adaptive_tree=False, tree_budget=3)
-        assert torch.equal(ours, plain)
+        assert torch.equal(ours, model.generate(ids, max_new_tokens=24, do_sample=False))
+        graphs.append(counters["stats"]["unique_graphs"])
     assert len(memory.model(model).compiled) == 1  # the second call reused the first call's compiled forward
+    assert graphs[1] == graphs[0]  # ... and compiled no graph of its own
 
 
 def test_compiling_follows_hfs_rule():

@@ -29,3 +29,16 @@ def test_a_batch_counts_one_step_per_forward():
     batches = [torch.cat([random_prompt(seed), random_prompt(seed + 10)]) for seed in (1, 2)]
     row = profile(model, "batch", batches, max_new_tokens=12, replay=False)["batch fresh"]
     assert row["tokens_per_step"] >= 2  # two rows advance together, at least one token each
+
+
+def test_the_held_out_host_time_is_the_step_less_a_plain_forward_over_its_nodes():
+    model = make_tiny_llama(seed=23)
+    batches = [random_prompt(seed) for seed in (1, 2)]
+    for extra in ({}, {"cache_implementation": "static"}):
+        row = profile(model, "one", batches, max_new_tokens=16, replay=False, **extra)["one fresh"]
+        assert row["plain_forward"] > 0
+        assert abs(row["beyond_plain"] - max(row["step"] - row["plain_forward"], 0.0)) < 0.002
+        kept = (8 + row["hf_host_per_token"]) / (8 + row["beyond_plain"])
+        assert abs(row["kept_8ms"] - kept) < 0.002
+    batched = profile(model, "two", [torch.cat([b, b]) for b in batches], max_new_tokens=8, replay=False)["two fresh"]
+    assert "beyond_plain" not in batched  # per row: B = 1 only

@@ -14,6 +14,15 @@ plain HF greedy ``generate`` on the same prompts: its host ms per token, the cal
 time minus the time inside the model's forward (forward hooks, synchronised on a GPU), and
 the wall-time ratio of the two (``speed-up``, HF's wall over ours).
 
+``beyond plain`` is the held-out definition of our host time: the step's wall time minus ONE plain
+causal forward over as many new tokens as the step verified (its nodes per step, interpolated between
+whole counts) on a cache of the run's mean length (a ``DynamicCache``, the model's own causal mask,
+no tree mask, positions or pool: what a forward costs anyone). It holds everything a step does that
+a plain forward does not, the tree forward's own extras included, which ``host`` (the step less our
+own forward) does not see. ``kept @T`` projects the share of the accepted tokens a GPU keeps when a
+forward costs T ms: (T + HF host per token) / (T + beyond plain). ``--static`` adds each
+configuration with ``cache_implementation="static"`` (fixed widths over a preallocated cache).
+
 Models: ``tiny`` is a 2-layer Llama of width 64 with SmolLM2's 49,152-token vocabulary and
 random weights, so the forward is nearly free and host work shows; its prompts are random
 ids, ``fresh`` (each prompt once) and ``replayed`` (each prompt a second time: the output
@@ -114,6 +123,45 @@ def ours(model, batches: list[torch.Tensor], max_new_tokens: int, memory: Plugin
     return row
 
 
+def plain_forward_ms(model, cache_len: int, tokens: float, repeats: int = 7) -> float:
+    """Median ms of one plain causal forward over ``tokens`` new tokens (interpolated between the
+    whole counts around it) after ``cache_len`` cached ones, on a ``DynamicCache`` (one row)."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    low, high = max(1, int(tokens)), max(1, int(tokens)) + 1
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, model.config.vocab_size, (1, cache_len), generator=generator).to(device)
+    timed = {}
+    with torch.no_grad():
+        cache = DynamicCache()
+        model(prompt, cache=cache, use_cache=True, logits_to_keep=1)
+        for count in (low, high):
+            new = torch.randint(3, model.config.vocab_size, (1, count), generator=generator).to(device)
+            seconds = []
+            for _ in range(repeats):
+                _synchronize(model)
+                started = time.perf_counter()
+                model(new, cache=cache, use_cache=True)
+                _synchronize(model)
+                seconds.append(time.perf_counter() - started)
+                cache.crop(-count)  # back to the prompt (crop takes what to remove)
+            timed[count] = sorted(seconds)[len(seconds) // 2]
+    share = min(max(tokens - low, 0.0), 1.0)
+    return 1000 * (timed[low] + share * (timed[high] - timed[low]))
+
+
+def held_out(row: dict, model, cache_len: int) -> None:
+    """Add ``beyond_plain`` (ms: the step less one plain causal forward over its nodes) and the kept
+    shares at 8 and 3 ms forwards to ``row`` (see the module docstring)."""
+    plain = plain_forward_ms(model, cache_len, max(row["nodes_per_step"], 1.0))
+    beyond = max(row["step"] - plain, 0.0)
+    row["plain_forward"] = round(plain, 3)
+    row["beyond_plain"] = round(beyond, 3)
+    for forward_ms in (8.0, 3.0):
+        row[f"kept_{forward_ms:g}ms"] = round((forward_ms + row["hf_host_per_token"]) / (forward_ms + beyond), 3)
+
+
 def plain_host_ms(model, batches: list[torch.Tensor], max_new_tokens: int) -> tuple[float, float]:
     """Plain HF greedy: (wall - time inside the forward) per generated token (per row-token
     step: a batch's B rows advance together), in ms; the calls' wall seconds."""
@@ -146,9 +194,12 @@ def profile(model, label: str, batches: list[torch.Tensor], max_new_tokens: int,
     if replay:
         rows[f"{label} replayed"] = ours(model, batches[1:], max_new_tokens, memory, **extra)
     hf, hf_wall = plain_host_ms(model, batches[1:], max_new_tokens)
+    cache_len = batches[1].shape[1] + max_new_tokens // 2  # the mean cache length of a step
     for row in rows.values():
         row["hf_host_per_token"] = hf
         row["speedup"] = round(hf_wall / row.pop("wall_s"), 3)  # same prompts, same new tokens (greedy, identical)
+        if batches[1].shape[0] == 1:  # the definition is per row: B = 1 only
+            held_out(row, model, cache_len)
     return rows
 
 
@@ -156,11 +207,14 @@ def markdown(table: dict) -> str:
     """The table: one row per configuration, ms per step."""
     columns = ("host", "device_forward", *PHASES)
     lines = ["| configuration | tokens/step | nodes/step | " + " | ".join(f"{c.replace('_', ' ')} ms" for c in columns)
-             + " | HF host ms/token | speed-up |", "|---|---:|---:|" + "---:|" * (len(columns) + 2)]
+             + " | HF host ms/token | speed-up | step ms | plain forward ms | beyond plain ms | kept @8 ms | kept @3 ms |",
+             "|---|---:|---:|" + "---:|" * (len(columns) + 7)]
     for label, row in table.items():
+        held = " | ".join(f"{row[c]:.2f}" if c in row else "" for c in
+                          ("step", "plain_forward", "beyond_plain", "kept_8ms", "kept_3ms"))
         lines.append(f"| {label} | {row['tokens_per_step']} | {row['nodes_per_step']} | "
                      + " | ".join(f"{row[c]:.2f}" for c in columns)
-                     + f" | {row['hf_host_per_token']:.2f} | {row['speedup']:.2f}x |")
+                     + f" | {row['hf_host_per_token']:.2f} | {row['speedup']:.2f}x | {held} |")
     return "\n".join(lines)
 
 
@@ -187,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--datastore", help="also profile the tiny model with this store (SmolLM2's tokenizer)")
     p.add_argument("--json", help="write the table as JSON here")
+    p.add_argument("--static", action="store_true", help="also each configuration with cache_implementation='static'")
     args = p.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not models or not set(models) <= {"tiny", "smollm2", "llama-1b"}:
@@ -204,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         for rows in sizes:
             batches = random_batches(args.prompts + 1, rows, seed=rows, device=args.device)
             table.update(profile(model, f"{name} B={rows}", batches, args.max_new_tokens, replay=True))
+            if args.static:
+                table.update(profile(model, f"{name} B={rows} static", batches, args.max_new_tokens, replay=True,
+                                     cache_implementation="static"))
             if args.datastore:
                 table.update(profile(model, f"{name} B={rows} datastore", batches, args.max_new_tokens, replay=False,
                                      datastore=args.datastore))
@@ -215,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         for rows in sizes:
             batches = smollm2_batches(session, rows, args.prompts)
             table.update(profile(session.model, f"smollm2 B={rows}", batches, args.max_new_tokens, replay=False))
+            if args.static:
+                table.update(profile(session.model, f"smollm2 B={rows} static", batches, args.max_new_tokens,
+                                     replay=False, cache_implementation="static"))
     print(markdown(table))
     if args.json:
         device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
