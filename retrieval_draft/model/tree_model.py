@@ -346,8 +346,14 @@ class TreeModel:
         if not self.static.compiled:
             return self._run(self._slot_cache, packed.tokens, packed.position_ids, packed.mask, size=rows * width,
                              grouped=grouped, forward=self.static.forward)
+        # A new step of the compiled loop: CUDA graphs may reuse the last replay's output buffers (this
+        # step's logits are copied out below before the next replay).
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-            return self._run(self._slot_cache, packed.tokens, packed.position_ids, packed.mask, forward=self.static.forward)
+            out = self._run(self._slot_cache, packed.tokens, packed.position_ids, packed.mask, forward=self.static.forward)
+        out.logits = out.logits.to(torch.float32, copy=True)
+        return out
 
     def _run(self, cache, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
              size: int | None = None, grouped: list = (), last_only: bool = False, forward=None):
