@@ -176,52 +176,45 @@ def random_prompts(vocab: int, count: int, device: torch.device) -> list[torch.T
     return [torch.from_numpy(np.tile(rng.integers(3, vocab, size=12), 3))[None].to(device) for _ in range(count)]
 
 
-def equality(device: torch.device, archs: list[str], dtypes: list[str], real, prompts: int,
-             tokens: int, fixed_tree: int = 0) -> dict:
-    """{model: {dtype: [per-prompt ``compare`` results]}} plus the real model's, or why it was skipped."""
-    result: dict = {}
-    for name, config in tiny_configs().items():
-        if name not in archs:
-            continue
-        for dtype in dtypes:
-            model = build(config, device, DTYPES[dtype])
-            runs = [compare(model, p, tokens, fixed_tree) for p in random_prompts(config.vocab_size, prompts, device)]
-            result.setdefault(name, {})[dtype] = runs
-    if isinstance(real, str):
-        result["real_model"] = {"skipped": real}
-        return result
-    master, tokenizer = real
-    texts = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-             "Repeat this line exactly: the quick brown fox jumps over the lazy dog. the quick brown"]
-    for dtype in dtypes:
-        model = copy.deepcopy(master).to(device=device, dtype=DTYPES[dtype])
-        ids = [tokenizer(text, return_tensors="pt").input_ids.to(device) for text in texts]
-        result.setdefault("real_model", {})[dtype] = [compare(model, p, tokens, fixed_tree) for p in ids]
-    return result
+REAL_TEXTS = ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+              "Repeat this line exactly: the quick brown fox jumps over the lazy dog. the quick brown")
 
 
-def statics(device: torch.device, archs: list[str], dtypes: list[str], real, prompts: int, tokens: int,
-            batches: list[int]) -> dict:
-    """{model: {dtype: [``static_check`` per batch size]}}; "real" is the real model (or why it was skipped)."""
+def by_model(device: torch.device, archs: list[str], dtypes: list[str], real, prompts: int, check) -> dict:
+    """{model: {dtype: check(model, prompts)}} for the tiny architectures in ``archs`` (random
+    repetitive prompts) and, where ``archs`` holds "real", the real model (``REAL_TEXTS``), or why it was
+    skipped. ``check(model, prompts)``: prompts are (1, L) ids on ``device``."""
     result: dict = {}
     for name, config in tiny_configs().items():
         if name in archs:
             for dtype in dtypes:
                 model = build(config, device, DTYPES[dtype])
-                chosen = random_prompts(config.vocab_size, max(prompts, 1), device)
-                result.setdefault(name, {})[dtype] = [static_check(model, chosen, tokens, b) for b in batches]
-    if "real" in archs:
-        if isinstance(real, str):
-            result["real_model"] = {"skipped": real}
-            return result
-        master, tokenizer = real
-        texts = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-                 "Repeat this line exactly: the quick brown fox jumps over the lazy dog. the quick brown"]
-        for dtype in dtypes:
-            model = copy.deepcopy(master).to(device=device, dtype=DTYPES[dtype])
-            ids = [tokenizer(text, return_tensors="pt").input_ids.to(device) for text in texts]
-            result.setdefault("real_model", {})[dtype] = [static_check(model, ids, tokens, b) for b in batches]
+                result.setdefault(name, {})[dtype] = check(model, random_prompts(config.vocab_size, prompts, device))
+    if "real" not in archs:
+        return result
+    if isinstance(real, str):
+        result["real_model"] = {"skipped": real}
+        return result
+    master, tokenizer = real
+    for dtype in dtypes:
+        model = copy.deepcopy(master).to(device=device, dtype=DTYPES[dtype])
+        ids = [tokenizer(text, return_tensors="pt").input_ids.to(device) for text in REAL_TEXTS]
+        result.setdefault("real_model", {})[dtype] = check(model, ids)
     return result
+
+
+def equality(device: torch.device, archs: list[str], dtypes: list[str], real, prompts: int,
+             tokens: int, fixed_tree: int = 0) -> dict:
+    """{model: {dtype: [per-prompt ``compare`` results]}} plus the real model's, or why it was skipped."""
+    return by_model(device, [*archs, "real"], dtypes, real, prompts,
+                    lambda model, ids: [compare(model, p, tokens, fixed_tree) for p in ids])
+
+
+def statics(device: torch.device, archs: list[str], dtypes: list[str], real, prompts: int, tokens: int,
+            batches: list[int]) -> dict:
+    """{model: {dtype: [``static_check`` per batch size]}}; "real" in ``archs`` adds the real model."""
+    return by_model(device, archs, dtypes, real, max(prompts, 1),
+                    lambda model, ids: [static_check(model, ids, tokens, b) for b in batches])
 
 
 def load_real(path: str | None):
