@@ -123,7 +123,7 @@ def generate(
         ``sequences``, plus ``scores`` / ``logits`` (m tensors of shape (1, V), a batch's
         (B, V)) when ``output_scores`` / ``output_logits`` ask for them.
     """
-    check_options(generation_config, assistant_model)
+    check_options(generation_config, assistant_model, model)
     rows = input_ids.shape[0]
     ours = plugin_keywords(
         rows, drafters=drafters, datastore=datastore, draft_tokenizer=draft_tokenizer, tokenizer=tokenizer,

@@ -65,8 +65,9 @@ _REFUSED: "MappingProxyType[str, tuple[Callable, str]]" = MappingProxyType({
 })
 
 
-def check_options(generation_config, assistant_model=None) -> None:
-    """Raise ``InvalidInputError`` naming the first option the plugin cannot honour.
+def check_options(generation_config, assistant_model=None, model=None) -> None:
+    """Raise ``InvalidInputError`` naming the first option the plugin cannot honour (``model``:
+    the model ``generate`` was called on, refused when compiled in place).
 
     Greedy and sampling with any stateless logits processor / warper and any
     stopping criterion are honoured; so are ``return_dict_in_generate``,
@@ -74,6 +75,11 @@ def check_options(generation_config, assistant_model=None) -> None:
     """
     if assistant_model is not None:
         raise InvalidInputError("assistant_model is not supported: retrieval_draft drafts by itself; drop it")
+    if model is not None and getattr(model, "_compiled_call_impl", None) is not None:
+        raise InvalidInputError(
+            "a model compiled in place (model.compile()) would recompile for every tree shape: call generate on "
+            "the uncompiled model with cache_implementation='static', which compiles fixed-shape steps itself"
+        )
     for option, (refuses, why) in _REFUSED.items():
         value = getattr(generation_config, option, None)
         if refuses(value):

@@ -238,3 +238,12 @@ def test_rows_kept_for_later_calls_survive_the_next_call_taking_the_pool():
                  cache_implementation="static", draft_stats=stats)
     assert stats.reused_tokens > 200
     assert torch.equal(ours, model.generate(later, max_new_tokens=20, do_sample=False))
+
+
+def test_a_model_compiled_in_place_is_refused_in_one_line():
+    model = make_tiny_llama()
+    model.compile()
+    ids = torch.randint(3, 300, (1, 8))
+    with pytest.raises(InvalidInputError, match="compiled in place") as caught:
+        model.generate(ids, max_new_tokens=4, custom_generate=retrieval_draft.generate)
+    assert "\n" not in str(caught.value)
