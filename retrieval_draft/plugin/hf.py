@@ -277,7 +277,9 @@ def make_planner(
     ``can_probe`` measures it from its own forwards, ``PluginMemory.planning_cost``), else fixed
     size; with ``config.draft_learning`` it shares the model's learned rates, cost corrections
     and drafter gate. ``widths``: the static widths forwards run at (``static_shapes``), None for
-    the dynamic cache: the curve then prices a tree at the width it is padded to (``stepped``)."""
+    the dynamic cache: the curve then prices a tree at the width it is padded to (``stepped``), and
+    the forward times the call observes correct it apart from the default path's (a compiled forward
+    is far cheaper than the eager one the curve was measured on, and must not lower the kept curve)."""
     cost, probe = memory.planning_cost(model, can_probe) if config.adaptive_tree else (None, None)
     if cost is not None and widths is not None:
         cost = stepped(cost, widths)
@@ -286,7 +288,8 @@ def make_planner(
     learned = memory.model(model)
     return TreePlanner(
         tree_budget=config.tree_budget, cost=cost, calibrators=learned.rates[bool(sampling)], gate=learned.gate,
-        observed=learned.observed, ranks=learned.ranks[bool(sampling)], probe=probe,
+        observed=learned.observed if widths is None else learned.static_observed, ranks=learned.ranks[bool(sampling)],
+        probe=probe,
     )
 
 

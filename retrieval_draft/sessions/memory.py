@@ -38,7 +38,10 @@ class ModelMemory:
     Attributes:
         cost: measured forward cost by tree size, or None until first needed.
         probe: the measurement of ``cost`` while decoding completes it (``cost_probe``), else None.
-        observed: corrections of ``cost`` from the forward times decoding saw.
+        observed: corrections of ``cost`` from the forward times decoding saw (the default path's;
+            only these may lower the curve kept on disk).
+        static_observed: the same for ``cache_implementation="static"`` calls (fixed widths, compiled
+            where HF compiles), kept apart from the default path's.
         rates: sampling flag -> drafter name -> calibrator (shared, updated in place);
             read from the disk cache when the memory is created (``rates_file``).
         ranks: sampling flag -> what the merged trees' ranks delivered (``RankCorrection``), this process only.
@@ -63,6 +66,7 @@ class ModelMemory:
     cost: VerifyCost | None = None
     probe: CostProbe | None = None
     observed: ObservedCost = field(default_factory=ObservedCost)
+    static_observed: ObservedCost = field(default_factory=ObservedCost)
     rates: dict[bool, dict[str, AcceptanceCalibrator]] = field(default_factory=lambda: {False: {}, True: {}})
     ranks: dict[bool, RankCorrection] = field(default_factory=lambda: {False: RankCorrection(), True: RankCorrection()})
     gate: DrafterGate = field(default_factory=DrafterGate)

@@ -247,3 +247,13 @@ def test_a_model_compiled_in_place_is_refused_in_one_line():
     with pytest.raises(InvalidInputError, match="compiled in place") as caught:
         model.generate(ids, max_new_tokens=4, custom_generate=retrieval_draft.generate)
     assert "\n" not in str(caught.value)
+
+
+def test_static_forward_times_correct_the_curve_apart_from_the_default_path():
+    model = make_tiny_llama()
+    memory = PluginMemory(persist=False)
+    ids, mask = _repeating_batch(10, rows=1)
+    _ours(model, ids, mask, memory=memory, max_new_tokens=24, cache_implementation="static")
+    learned = memory.model(model)
+    assert learned.static_observed.forwards > 0
+    assert learned.observed.forwards == 0  # what the kept curve may be lowered by saw nothing of it
