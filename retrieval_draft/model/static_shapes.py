@@ -31,10 +31,12 @@ import bisect
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from retrieval_draft.errors import InvalidInputError
+from retrieval_draft.model.transfer import to_device
 
 WIDTHS = (1, 4, 8, 16, 32, 64)  # tree widths a static step runs at: a tree is padded up to the next
 COMPILING_DEVICES = frozenset({"cuda", "xpu", "neuron", "tpu"})  # where HF's static cache compiles by default
@@ -132,6 +134,28 @@ def slot_cache(pool, start: torch.Tensor) -> DynamicCache:
             torch._dynamo.mark_static_address(layer.keys)
             torch._dynamo.mark_static_address(layer.values)
     return cache
+
+
+def static_inputs(slots, capacity: int, tokens: np.ndarray, positions: np.ndarray, among: np.ndarray, layout,
+                  dtype: torch.dtype, device: torch.device):
+    """A static step's inputs on ``device`` in one host copy: tokens and positions (B, W) int64 and
+    the additive mask over the whole pool, (B, 1, W, C) in ``dtype`` (a dict by kind for keyed
+    models, ``AttentionLayout.masks``): the live slots as ``slots`` (``RowSlots``, T = its length)
+    says, the tree at slots T .. T + W - 1 as ``among`` (B, W, W) bool says, nothing past them."""
+    rows, width = positions.shape
+    length = slots.length
+    allowed = np.zeros((rows, width, capacity), dtype=bool)
+    key_pos = np.zeros((rows, capacity), dtype=np.int64)
+    if slots.dense:  # slot j holds position j in every row, all visible (``RowSlots``)
+        allowed[:, :, :length] = True
+        key_pos[:, :length] = np.arange(length)
+    else:
+        allowed[:, :, :length] = slots.visible[:, None, :]
+        key_pos[:, :length] = slots.slot_pos
+    allowed[:, :, length : length + width] = among
+    key_pos[:, length : length + width] = positions
+    tokens_t, positions_t, allowed_t, key_pos_t = to_device([tokens, positions, allowed, key_pos], device)
+    return tokens_t, positions_t, layout.masks(allowed_t, positions_t, key_pos_t, dtype)
 
 
 class PoolSlab:

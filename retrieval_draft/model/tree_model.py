@@ -49,7 +49,9 @@ from retrieval_draft.model.prefix_cache import (
     PrefixCache, PrefixReuse, ReuseReport, SeededPrefill, layout_blocker, weights_signature,
 )
 from retrieval_draft.model.row_slots import RowSlots
-from retrieval_draft.model.static_shapes import RECOMPILE_LIMIT, StaticSteps, slot_cache, static_capacity
+from retrieval_draft.model.static_shapes import (
+    RECOMPILE_LIMIT, StaticSteps, slot_cache, static_capacity, static_inputs,
+)
 from retrieval_draft.model.skinny_linear import (
     SKINNY_ROWS, KernelThreads, eligible_linears, skinny_forwards, skinny_linears,
 )
@@ -205,7 +207,7 @@ class TreeModel:
             if seeded is not None:
                 return self._seeded_prefill(seeded)
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        self.cache = model_cache(self.model.config, bool(self.layout.own_cache_kinds), self._reserve_after(length))
+        self.cache = self._fresh_cache(length)
         out = self._run(self.cache, input_ids.to(self.device), positions.to(self.device),
                         mask.to(self.device) if padded else None, last_only=True)
         self.pools = pooled(self.cache, self._allocate())  # every layer's rows in one tensor from here on, once per call
@@ -409,8 +411,9 @@ class TreeModel:
                 self._attach_static()  # the pool's views now span fewer rows
         return order
 
-    def _fresh_cache(self):
-        return model_cache(self.model.config, bool(self.layout.own_cache_kinds), self.reserve)
+    def _fresh_cache(self, slots: int = 0):
+        """An empty cache whose first update (a prefill of ``slots`` per row) allocates what decoding adds (``_reserve_after``)."""
+        return model_cache(self.model.config, bool(self.layout.own_cache_kinds), self._reserve_after(slots))
 
     @staticmethod
     def _pack(trees: list[DraftTree], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -446,7 +449,8 @@ class TreeModel:
         rows, width = positions.shape
         slots = self.slots
         if self.static is not None:
-            return self._static_inputs(tokens, positions, among)
+            return static_inputs(slots, self.pools[0].capacity, tokens, positions, among, self.layout, self.dtype,
+                                 self.device)
         if own_mask:
             moved = to_device([tokens, positions], self.device)
             return moved[0], moved[1], None
@@ -463,26 +467,6 @@ class TreeModel:
         tokens_t, positions_t, allowed_t, key_pos_t = to_device([tokens, positions, allowed, key_pos], self.device)
         return tokens_t, positions_t, self.layout.masks(allowed_t, positions_t, key_pos_t, self.dtype)
 
-
-    def _static_inputs(self, tokens: np.ndarray, positions: np.ndarray, among: np.ndarray):
-        """A static step's inputs: tokens and positions (B, W) and the mask over the whole pool,
-        (B, 1, W, C) (a dict by kind for keyed models): the live slots as ``slots.visible`` says,
-        the tree at slots T .. T + W - 1 as ``among`` says, nothing past them."""
-        rows, width = positions.shape
-        slots, capacity = self.slots, self.pools[0].capacity
-        length = slots.length
-        allowed = np.zeros((rows, width, capacity), dtype=bool)
-        key_pos = np.zeros((rows, capacity), dtype=np.int64)
-        if slots.dense:  # slot j holds position j in every row, all visible (``RowSlots``)
-            allowed[:, :, :length] = True
-            key_pos[:, :length] = np.arange(length)
-        else:
-            allowed[:, :, :length] = slots.visible[:, None, :]
-            key_pos[:, :length] = slots.slot_pos
-        allowed[:, :, length : length + width] = among
-        key_pos[:, length : length + width] = positions
-        tokens_t, positions_t, allowed_t, key_pos_t = to_device([tokens, positions, allowed, key_pos], self.device)
-        return tokens_t, positions_t, self.layout.masks(allowed_t, positions_t, key_pos_t, self.dtype)
 
 
 def validate_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab_size: int, limit: int | None) -> None:
