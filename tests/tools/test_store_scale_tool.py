@@ -65,8 +65,11 @@ def test_the_study_runs_on_a_tiny_corpus_and_reports_every_size(corpus, tmp_path
         assert row["build_s"] > 0 and row["build_tokens_per_s"] == pytest.approx(row["tokens"] / row["build_s"], rel=0.01)
         assert row["bytes_per_token"] == round(row["store_bytes"] / row["tokens"], 3)
         assert 0 < row["lookup"]["p50_ms"] <= row["lookup"]["p99_ms"] and row["lookup"]["steps"] == 30
+        assert 0 < row["lookup"]["p99_min3_ms"] <= row["lookup"]["p99_ms"]
         assert row["lookup"]["drafters"] == ["ngram", "suffix"]
         assert row["generate"]["steps"] > 0 and row["identical_to_greedy"] is True
+        assert row["generate"]["accepted_per_step"] == round(row["generate"]["step_tokens"] / row["generate"]["steps"], 3)
+        assert row["generate"]["tree_nodes_per_step"] >= 0 and row["generate"]["draft_ms_per_step"] > 0
         assert row["open_verified_s"] > 0 and row["open_trusted_s"] > 0
     assert result["no_store"]["identical_to_greedy"] is True and result["cache"]["mode"] == "fresh"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "scale.json"]  # the stores are gone
