@@ -15,7 +15,8 @@ context-cache drafts against the static counts, so the default keeps all). A cou
 2**31 - 1 (int32) is written as 2**31 - 1.
 
 Memory: the windows are counted in passes over the stream, one residue class of the
-first token per pass, so a pass sorts at most about WINDOWS_PER_PASS 8-byte keys.
+first token per pass, read in blocks, so a pass sorts about WINDOWS_PER_PASS 8-byte keys
+(more where one first id is very frequent) and nothing holds a copy of the whole stream.
 """
 
 from __future__ import annotations
@@ -68,13 +69,17 @@ def check_export_out(out: str | Path) -> Path:
     return out
 
 
-def _bucket_windows(tokens: np.ndarray, sep: int, passes: int) -> np.ndarray:
-    """(T - 2,) uint16/int64: the pass of each 3-token window starting at each position
-    (first token mod ``passes``), or ``passes`` where the window touches a separator."""
-    a, b, c = tokens[:-2], tokens[1:-1], tokens[2:]
-    inside = (a != sep) & (b != sep) & (c != sep)
-    dtype = np.uint16 if passes < 0xFFFF else np.int64
-    return np.where(inside, (a % passes).astype(dtype), passes).astype(dtype, copy=False)
+def _pass_keys(stream: np.ndarray, sep: int, vocab: int, passes: int, p: int, block: int) -> np.ndarray:
+    """(k,) int64 keys (a * vocab + b) * vocab + c of the 3-token windows (a, b, c) of ``stream``
+    that touch no separator and whose first id is ``p`` mod ``passes``; read ``block`` windows at
+    a time, so the temporaries stay a few bytes per block position."""
+    parts = []
+    for start in range(0, max(0, stream.size - 2), block):
+        end = min(start + block, stream.size - 2)
+        a, b, c = stream[start:end], stream[start + 1:end + 1], stream[start + 2:end + 2]
+        at = np.flatnonzero((a % passes == p) & (a != sep) & (b != sep) & (c != sep))
+        parts.append((a[at].astype(np.int64) * vocab + b[at]) * vocab + c[at])
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def bigram_counts(streams: list[np.ndarray], sep: int, vocab: int, min_total: int = 1,
@@ -85,6 +90,8 @@ def bigram_counts(streams: list[np.ndarray], sep: int, vocab: int, min_total: in
         streams: token streams, (T_i,) uint16/uint32, every document followed by ``sep``.
         sep: the separator id; vocab: ids are below it (at most MAX_VOCAB + 1).
         min_total: contexts with fewer 3-token windows are left out.
+        windows_per_pass: about this many windows are sorted at once (more where first ids are
+            skewed: every window of one first id falls in one pass).
     Yields:
         (contexts (G, 2) int64, nexts (U,) int64, counts (U,) int64 capped at 2**31 - 1,
         starts (G,) int64, windows int): one pass's contexts in sorted order, their next
@@ -93,21 +100,18 @@ def bigram_counts(streams: list[np.ndarray], sep: int, vocab: int, min_total: in
     """
     total = sum(max(0, s.size - 2) for s in streams)
     passes = max(1, math.ceil(total / windows_per_pass))
-    buckets = [_bucket_windows(s, sep, passes) if s.size > 2 else np.zeros(0, np.uint16) for s in streams]
     for p in range(passes):
-        parts = []
-        for stream, bucket in zip(streams, buckets):
-            at = np.flatnonzero(bucket == p)
-            parts.append((stream[at].astype(np.int64) * vocab + stream[at + 1]) * vocab + stream[at + 2])
-        keys, counts = np.unique(np.concatenate(parts), return_counts=True)
+        keys = np.concatenate([_pass_keys(s, sep, vocab, passes, p, windows_per_pass) for s in streams])
+        keys, counts = np.unique(keys, return_counts=True)
         contexts, nexts = keys // vocab, keys % vocab
         starts = np.flatnonzero(np.r_[True, contexts[1:] != contexts[:-1]]) if keys.size else np.zeros(0, np.int64)
+        sizes = np.diff(np.append(starts, keys.size))
         keep = np.add.reduceat(counts, starts) >= min_total if keys.size else np.zeros(0, bool)
-        pairs = np.repeat(keep, np.diff(np.append(starts, keys.size)))
-        kept_starts = np.cumsum(np.r_[0, np.diff(np.append(starts, keys.size))[keep]])[:-1]
+        pairs = np.repeat(keep, sizes)
         first = contexts[starts[keep]]
         yield (np.stack([first // vocab, first % vocab], axis=1), nexts[pairs],
-               np.minimum(counts[pairs], INT32_MAX), kept_starts.astype(np.int64), int(counts.sum()))
+               np.minimum(counts[pairs], INT32_MAX), np.cumsum(np.r_[0, sizes[keep]])[:-1].astype(np.int64),
+               int(counts.sum()))
 
 
 def export_llama_cpp(store_path: str | Path, out: str | Path, *, min_total: int = 1) -> ExportSummary:
