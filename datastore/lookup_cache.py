@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval_draft.errors import CorruptLookupCacheError
+from retrieval_draft.errors import RetrievalDraftError
 
 NGRAM_MAX = 4  # LLAMA_NGRAM_MAX: tokens in every record's key
 NGRAM_STATIC = 2  # LLAMA_NGRAM_STATIC: context length of the static cache
@@ -32,6 +32,10 @@ TOKEN_NULL = -1  # LLAMA_TOKEN_NULL: padding of a key past its context
 HEADER_INTS = NGRAM_MAX + 1  # the key, then n
 INT32_MAX = 2**31 - 1
 FILE_DTYPE = np.dtype("<i4")
+
+
+class CorruptLookupCacheError(RetrievalDraftError):
+    """A llama.cpp lookup cache file is truncated or malformed (``read_lookup_cache``)."""
 
 
 def encode_records(contexts: np.ndarray, nexts: np.ndarray, counts: np.ndarray, starts: np.ndarray) -> np.ndarray:

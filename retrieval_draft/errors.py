@@ -50,10 +50,6 @@ class EmptyCorpusError(DatastoreError):
     """The corpus produced no tokens."""
 
 
-class CorruptLookupCacheError(RetrievalDraftError):
-    """A llama.cpp n-gram lookup cache file is truncated or malformed (``retrieval_draft_datastore.lookup_cache``)."""
-
-
 class CorruptHistoryError(RetrievalDraftError):
     """A saved output-history file is unreadable, truncated or malformed."""
 

@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval_draft.errors import CorruptLookupCacheError, DatastoreNotFoundError, InvalidInputError
+from retrieval_draft.errors import DatastoreNotFoundError, InvalidInputError
 from retrieval_draft.store.layout import NGRAM
 from retrieval_draft.store.opening import open_datastore
 from retrieval_draft_datastore.builder import build
 from retrieval_draft_datastore.cli import main
 from retrieval_draft_datastore.index import IndexParams
 from retrieval_draft_datastore.llama_export import bigram_counts, export_llama_cpp
-from retrieval_draft_datastore.lookup_cache import encode_records, read_lookup_cache
+from retrieval_draft_datastore.lookup_cache import CorruptLookupCacheError, encode_records, read_lookup_cache
 from retrieval_draft_datastore.shard_build import build_sharded
 from tests.datastore_fixtures import word_tokenizer
 

@@ -62,7 +62,8 @@ def test_the_study_runs_on_a_tiny_corpus_and_reports_every_size(corpus, tmp_path
     assert [row["target_tokens"] for row in rows] == [3_000, 12_000]
     assert rows[0]["tokens"] < rows[1]["tokens"] and rows[0]["files"] < rows[1]["files"]
     for row in rows:
-        assert row["build_s"] > 0 and row["build_tokens_per_s"] == pytest.approx(row["tokens"] / row["build_s"], rel=0.01)
+        low, high = row["tokens"] / (row["build_s"] + 5e-4), row["tokens"] / max(row["build_s"] - 5e-4, 1e-9)
+        assert row["build_s"] > 0 and low - 1 <= row["build_tokens_per_s"] <= high + 1  # build_s shown to 1 ms
         assert row["bytes_per_token"] == round(row["store_bytes"] / row["tokens"], 3)
         assert 0 < row["lookup"]["p50_ms"] <= row["lookup"]["p99_ms"] and row["lookup"]["steps"] == 30
         assert 0 < row["lookup"]["p99_min3_ms"] <= row["lookup"]["p99_ms"]
