@@ -51,6 +51,7 @@ class ExportSummary:
     bytes: int
 
     def line(self) -> str:
+        """The one line the command prints."""
         return (f"exported {self.path}: {self.contexts} contexts of {NGRAM_STATIC} tokens, {self.continuations} "
                 f"next tokens, {self.windows} windows counted, {self.bytes} bytes")
 
