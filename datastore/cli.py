@@ -1,7 +1,7 @@
 """The ``retrieval-draft`` console script: the runtime's ``generate`` plus the builder's commands.
 
     retrieval-draft generate --prompt "..." [--chat] [--max-new-tokens N] [--compare]
-    retrieval-draft build / repo / inspect / merge / stats   (datastores; see ``commands``)
+    retrieval-draft build / repo / inspect / merge / stats / export   (datastores; see ``commands``)
     retrieval-draft cache [--model M] [--reset]             (the cost curves and rates kept; ``retrieval_draft.cli.cache``)
     retrieval-draft serve [--model M] [--datastore S] [--port P]   (HTTP, through transformers serve; ``serving.command``)
 
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 help="the command to run (retrieval-draft COMMAND --help shows its options)")
     add_generate(sub)
-    register(sub)  # build, repo, inspect, merge, stats
+    register(sub)  # build, repo, inspect, merge, stats, export
     add_cache(sub)
     add_serve(sub)
     return parser

@@ -1,4 +1,4 @@
-"""CLI subcommands ``build``, ``repo``, ``inspect``, ``merge``, ``stats`` for ``retrieval-draft``.
+"""CLI subcommands ``build``, ``repo``, ``inspect``, ``merge``, ``stats``, ``export`` for ``retrieval-draft``.
 
 ``register(subparsers)`` adds them; each sets ``func`` to a function taking
 the parsed arguments and returning an exit code. Errors are raised as
@@ -76,6 +76,14 @@ def register(subparsers) -> None:
     m.add_argument("--out", required=True, type=Path,
                    help="new or empty folder, or a datastore to replace (anything else is refused)")
     m.set_defaults(func=cmd_merge)
+    e = subparsers.add_parser("export", help="write a datastore's counts in another program's format")
+    e.add_argument("path", type=Path, help="datastore folder built by `build`, `repo` or `merge`")
+    e.add_argument("--llama-cpp", required=True, type=Path, metavar="OUT",
+                   help="file to write: llama.cpp's static lookup cache (its 2-token n-gram counts), for "
+                        "llama-server --spec-type ngram-cache --lookup-cache-static OUT")
+    e.add_argument("--min-total", type=int, default=1,
+                   help="leave out contexts seen fewer times than this (default 1: every context)")
+    e.set_defaults(func=cmd_export)
 
 
 def _register_repo(subparsers) -> None:
@@ -176,6 +184,14 @@ def cmd_merge(args) -> int:
 
     stats = merge(args.first, args.second, args.out)["stats"]
     print(f"merged into {args.out}: {stats['documents']} documents, {stats['tokens']} tokens")
+    return 0
+
+
+def cmd_export(args) -> int:
+    """``export``: the store's 2-token counts as llama.cpp's static lookup cache; prints one line."""
+    from retrieval_draft_datastore.llama_export import export_llama_cpp
+
+    print(export_llama_cpp(args.path, args.llama_cpp, min_total=args.min_total).line())
     return 0
 
 

@@ -10,5 +10,7 @@
 - ``peers``: SuffixDecoding built from its sources, drafting in our engine.
 - ``http_sessions``, ``http_servers``, ``session_workloads``: an editor and a chat client over HTTP,
   against servers started by ``retrieval-draft serve`` (``python -m tools.bench.http_sessions``).
+- ``store_scale``, ``scale_corpus``: stores of growing size from this machine's Python sources: build,
+  open and lookup cost, accepted tokens per step (``python -m tools.bench.store_scale``).
 - ``vllm``: our proposer inside vLLM against its own methods (``python -m tools.bench.vllm``).
 """
