@@ -33,7 +33,8 @@ def add_serve(sub) -> None:
     serve = sub.add_parser("serve", help="serve a model over HTTP (OpenAI-style API) with our decoding, "
                                          "through `transformers serve`")
     serve.add_argument("--model", default=None,
-                       help="local HF model folder, .gguf file, or smollm2-135m / gemma3-270m (default: smollm2-135m)")
+                       help="local HF model folder, .gguf file, or smollm2-135m / gemma3-270m / qwen2.5-coder-0.5b "
+                            "(default: smollm2-135m)")
     serve.add_argument("--datastore", action="append", default=None,
                        help="datastore folder built by `retrieval-draft build` or `repo`; repeat to draft from several")
     serve.add_argument("--drafters", default=None, help="comma list of drafter names (default: the plugin's menu)")
