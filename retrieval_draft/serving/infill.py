@@ -176,8 +176,7 @@ def add_infill_route(app, completion_handler, name: str) -> None:
     from fastapi import HTTPException, Request
     from fastapi.responses import StreamingResponse
 
-    @app.post("/infill")
-    async def infill(request: Request, body: dict):
+    async def infill(request, body):
         try:
             wanted = parse_infill(body)
             _, model, processor = completion_handler._resolve_model({"model": name})
@@ -192,8 +191,13 @@ def add_infill_route(app, completion_handler, name: str) -> None:
             return llama_error(error.status_code, str(error.detail))
         if wanted.stream:
             return StreamingResponse(_llama_stream(answer.body_iterator, name), media_type="text/event-stream")
-        (choice,) = json.loads(answer.body)["choices"]
-        return llama_answer(choice["text"], choice.get("finish_reason"), json.loads(answer.body).get("usage"), name)
+        completed = json.loads(answer.body)
+        (choice,) = completed["choices"]
+        return llama_answer(choice["text"], choice.get("finish_reason"), completed.get("usage"), name)
+
+    # FastAPI reads the parameters' kinds from real classes (this module's annotations are strings)
+    infill.__annotations__ = {"request": Request, "body": dict}
+    app.add_api_route("/infill", infill, methods=["POST"])
 
 
 @contextlib.contextmanager
