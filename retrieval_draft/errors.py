@@ -22,6 +22,10 @@ class UnsupportedModelError(RetrievalDraftError):
     """The model cannot score a token tree (no 4D attention mask support)."""
 
 
+class NoFillInMiddleError(UnsupportedModelError):
+    """The model's tokenizer has no fill-in-the-middle tokens, so an infill request cannot be laid out."""
+
+
 class DatastoreError(RetrievalDraftError):
     """Base of datastore errors."""
 

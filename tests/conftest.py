@@ -119,6 +119,7 @@ class RandomDrafter(Drafter):
 # only moves time, it changes no test.
 LONGEST_MODULES = {
     "test_serve_docs": 110, "test_server": 45,  # real servers: two SmolLM2 ones, two tiny ones (2026-11-27)
+    "test_infill_server": 30,  # two tiny code-model servers (2026-11-28)
     "test_real_model": 120, "test_sampling_distribution": 112, "test_bench_quick": 89, "test_real_gemma": 87,
     "test_datastore_ray": 74, "test_real_datastore": 70, "test_model_coverage": 39, "test_real_cli": 35,
     "test_batch_sampling": 18, "test_datastore_format": 17, "test_batch_greedy": 12, "test_gpu_check_tool": 11,

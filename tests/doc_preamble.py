@@ -55,17 +55,24 @@ class Scene:
         return words
 
 
-def tiny_model_folder(folder: Path) -> Path:
-    """Save the tiny stand-in model and its tokenizer (with a chat template) into ``folder``."""
+# Qwen2.5-Coder's fill-in-the-middle tokens, for a tiny stand-in of a code model (``tiny_model_folder``).
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+              "<|endoftext|>")
+
+
+def tiny_model_folder(folder: Path, name: str = "tiny-model", special_tokens: tuple[str, ...] = ()) -> Path:
+    """Save the tiny stand-in model and its tokenizer (with a chat template) into ``folder/name``;
+    ``special_tokens`` are added to the tokenizer as special tokens (``FIM_TOKENS``: a code model's)."""
     texts = [path.read_text(encoding="utf-8") for path in sorted(stdlib_corpus(folder / "texts").glob("*.py"))]
     tokenizer = bpe_tokenizer(texts, vocab_size=400)
+    tokenizer.add_tokens(list(special_tokens), special_tokens=True)
     tokenizer.chat_template = CHAT_TEMPLATE
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                          bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model = LlamaForCausalLM(config).eval()
-    target = folder / "tiny-model"
+    target = folder / name
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
     shutil.rmtree(folder / "texts")

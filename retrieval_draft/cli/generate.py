@@ -37,7 +37,8 @@ def add_generate(sub) -> None:
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="the prompt text")
     source.add_argument("--prompt-file", help="read the prompt from this file")
-    gen.add_argument("--model", default=None, help="local HF model directory or .gguf file (default: SmolLM2-135M)")
+    gen.add_argument("--model", default=None, help="local HF model directory, .gguf file, or smollm2-135m / gemma3-270m / "
+                                                   "qwen2.5-coder-0.5b (default: smollm2-135m)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default: 128)")
     gen.add_argument(

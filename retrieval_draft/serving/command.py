@@ -7,9 +7,10 @@
 Checks every option first (settings, drafter names, each store opened and matched to the model's
 tokenizer, the serving packages, the port), lays out the model folder (``folder.lay_out``), then
 runs HF's own server in this process, as ``transformers serve FOLDER --trust-remote-code`` would:
-OpenAI-style ``/v1/completions`` (with ``suffix``), ``/v1/chat/completions``, streamed or not, one
-request at a time per model. Clients name the model as the first line printed says
-(``smollm2-135m`` for the default). ``--plain`` serves the same model without our decoding (the
+OpenAI-style ``/v1/completions`` (with ``suffix``, which HF's server appends to the answer: the
+model never reads it), ``/v1/chat/completions``, streamed or not, one request at a time per model, and
+llama.cpp's ``/infill`` for editors' fill-in-the-middle requests (``infill``). Clients name the
+model as the first line printed says (``smollm2-135m`` for the default). ``--plain`` serves the same model without our decoding (the
 server to compare with); ``--layout-only`` prints the folder's path and exits, for running
 ``transformers serve`` yourself.
 """
@@ -33,7 +34,8 @@ def add_serve(sub) -> None:
     serve = sub.add_parser("serve", help="serve a model over HTTP (OpenAI-style API) with our decoding, "
                                          "through `transformers serve`")
     serve.add_argument("--model", default=None,
-                       help="local HF model folder, .gguf file, or smollm2-135m / gemma3-270m (default: smollm2-135m)")
+                       help="local HF model folder, .gguf file, or smollm2-135m / gemma3-270m / qwen2.5-coder-0.5b "
+                            "(default: smollm2-135m)")
     serve.add_argument("--datastore", action="append", default=None,
                        help="datastore folder built by `retrieval-draft build` or `repo`; repeat to draft from several")
     serve.add_argument("--drafters", default=None, help="comma list of drafter names (default: the plugin's menu)")
@@ -121,8 +123,11 @@ def check_stores(options, sources) -> None:
 
 def start_server(folder, host: str, port: int, device: str, trust_remote_code: bool) -> int:
     """Run ``transformers serve`` on ``folder`` in this process until it stops (Ctrl-C). The server is
-    given the folder's last part as the model (from its parent folder), so clients ask for that name."""
+    given the folder's last part as the model (from its parent folder), so clients ask for that name;
+    it also answers llama.cpp's ``/infill`` for that model (``infill.served_with_infill``)."""
     from transformers.cli.transformers import app
+
+    from retrieval_draft.serving.infill import served_with_infill
 
     log = logging.getLogger("retrieval_draft.serving")
     log.setLevel(logging.INFO)
@@ -133,7 +138,8 @@ def start_server(folder, host: str, port: int, device: str, trust_remote_code: b
     argv = ["serve", folder.name, "--host", host, "--port", str(port), "--device", device]
     argv += ["--trust-remote-code"] if trust_remote_code else []
     try:
-        app(argv, prog_name="transformers", standalone_mode=False)
+        with served_with_infill(folder.name):
+            app(argv, prog_name="transformers", standalone_mode=False)
     except SystemExit as stop:  # typer's own exit
         return int(stop.code or 0)
     return 0

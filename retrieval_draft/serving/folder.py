@@ -4,8 +4,9 @@
 the options, so each set has its own folder), a model folder of links to the model's own files
 (config, weights, tokenizer) plus, unless ``plain``, our ``custom_generate/`` (copied from this
 package) and the options file (``options.OPTIONS_FILE``). A GGUF model (the default SmolLM2-135M,
-``gemma3-270m``, a ``.gguf`` path) is first converted once into the cache (``converted_gguf``), since
-transformers cannot save a model it read from GGUF; the folder links those converted files.
+``gemma3-270m``, ``qwen2.5-coder-0.5b``, a ``.gguf`` path) is first converted once into the cache
+(``converted_gguf``), since transformers cannot save a model it read from GGUF; the folder links
+those converted files.
 
 The folder is built in a temp folder beside its final name and swapped into place
 (``atomic.swap_into_place``), so a server never loads a half-written one. ``plain`` lays out

@@ -15,7 +15,7 @@ from retrieval_draft_datastore.builder import build
 from tests.datastore_fixtures import word_tokenizer
 
 
-KNOWN_NAMES = "(give a local folder, a .gguf file or one of the names smollm2-135m, gemma3-270m)"
+KNOWN_NAMES = "(give a local folder, a .gguf file or one of the names smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b)"
 
 
 def main(argv: list[str], capsys) -> tuple[int, str]:

@@ -77,7 +77,7 @@ def test_cli_unknown_model_prints_one_line_and_exits_nonzero(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: model path not found: {tmp_path / 'missing'} (give a local folder, a .gguf file or one of the "
-        "names smollm2-135m, gemma3-270m)"
+        "names smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b)"
     ]
     assert result.stdout.split() == ["False", "False"]
 

@@ -8,8 +8,11 @@ answer. What a call of ours did is read from the server's log (one ``[retrieval-
 
 from __future__ import annotations
 
+import json
 import re
 import threading
+import urllib.error
+import urllib.request
 
 import openai
 import pytest
@@ -138,3 +141,17 @@ def test_a_bad_request_gets_an_error_and_the_server_serves_the_next(servers):
     with pytest.raises(openai.UnprocessableEntityError):  # our options are the server's, not a request's
         ours.completions.create(model=MODEL, prompt=CODE, max_tokens=8, extra_body={"tree_budget": 4})
     assert complete(ours, CODE) == complete(plain, CODE)
+
+
+@pytest.mark.parametrize("name", ["ours", "plain"])
+def test_infill_for_a_model_without_fim_tokens_is_refused_in_one_line(servers, name):
+    _, server = servers[name]
+    request = urllib.request.Request(f"http://127.0.0.1:{server.port}/infill", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"input_prefix": CODE, "input_suffix": "\n", "n_predict": 8}).encode())
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=60)
+    assert caught.value.code == 501
+    error = json.loads(caught.value.read())["error"]
+    assert error["type"] == "not_supported_error" and error["code"] == 501
+    assert error["message"].startswith(f"{MODEL} has no fill-in-the-middle tokens") and "\n" not in error["message"]
+    assert complete(openai_client(server), CODE) == complete(servers["plain"][0], CODE)  # and it serves on

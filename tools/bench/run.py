@@ -97,7 +97,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", help="write the full results as JSON here")
     p.add_argument("--png", help="write a speedup chart (PNG) here")
     p.add_argument("--markdown", help="also write the markdown report here")
-    p.add_argument("--model", default=None, help="local model directory or .gguf (default SmolLM2-135M)")
+    p.add_argument("--model", default=None, help="local model directory, .gguf, or a model name: smollm2-135m, "
+                                                 "gemma3-270m, qwen2.5-coder-0.5b (default smollm2-135m)")
     p.add_argument("--datastore", default=None, help="datastore directory: the datastore system passes datastore=DIR")
     p.add_argument("--datastore-b", default=None,
                    help="a second datastore directory for the datastore_b system (compare two stores side by side)")
