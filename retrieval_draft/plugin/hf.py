@@ -236,14 +236,15 @@ def static_steps(model, generation_config, tree_budget: int, memory: PluginMemor
     """The call's static-shape verification for ``cache_implementation="static"`` (else None): widths
     up to a tree of ``tree_budget`` draft nodes, the forward compiled where HF's own static cache
     compiles it (``static_shapes.compiles``; the compiled call kept per model and compile config by
-    ``memory``), else the model run eagerly at those shapes; the pool from the model's slab."""
+    ``memory``); else the model runs eagerly at every width (padding a tree buys nothing without graphs
+    to keep few, and costs a CPU the padded nodes' matmuls). The pool comes from the model's slab."""
     if generation_config.cache_implementation != "static":
         return None
-    widths = static_widths(tree_budget + 1)
     slab = memory.model(model).slab
     if not compiles(next(model.parameters()).device, generation_config):
-        return StaticSteps(widths, slab=slab)
-    return StaticSteps(widths, memory.compiled(model, generation_config.compile_config), compiled=True, slab=slab)
+        return StaticSteps(tuple(range(1, tree_budget + 2)), slab=slab)
+    return StaticSteps(static_widths(tree_budget + 1), memory.compiled(model, generation_config.compile_config),
+                       compiled=True, slab=slab)
 
 
 def _report_reuse(stats: DecodeStats, report: ReuseReport, prefixes: PrefixCache) -> None:

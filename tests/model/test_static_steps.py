@@ -14,13 +14,15 @@ from torch._dynamo.utils import counters
 from transformers import CompileConfig
 
 import retrieval_draft
-from retrieval_draft.decode.engine import DecodeStats
+from retrieval_draft.decode.engine import DecodeOptions, DecodeStats, speculative_decode
+from retrieval_draft.drafters.registry import DraftSources, make_drafters
 from retrieval_draft.errors import InvalidInputError, UnsupportedModelError
 from retrieval_draft.model.static_shapes import (
     CAPACITY_STEP, StaticSteps, compiles, padded_width, static_capacity, static_widths,
 )
 from retrieval_draft.model.tree_model import TreeModel
 from retrieval_draft.planning.cost import VerifyCost, stepped
+from retrieval_draft.planning.planner import TreePlanner
 from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft.tree import DraftTree
 from tests.conftest import make_tiny_llama
@@ -61,16 +63,33 @@ def _ours(model, ids, mask, memory=None, **kwargs):
 
 
 @pytest.mark.parametrize("budget", [3, 9, 32])
-def test_static_greedy_equals_plain_greedy_on_padded_batches(budget):
+def test_trees_padded_to_fixed_widths_decode_as_plain_greedy_on_padded_batches(budget):
     model = make_tiny_llama()
+    options = DecodeOptions(max_new_tokens=40, eos_ids=frozenset(), max_draft_len=8)
     for seed in range(4):
         ids, mask = _repeating_batch(seed)
-        plain = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False)
-        stats = DecodeStats()
-        ours = _ours(model, ids, mask, max_new_tokens=40, cache_implementation="static", adaptive_tree=False,
-                     tree_budget=budget, draft_stats=stats)
-        assert torch.equal(ours, plain), f"seed {seed}"
+        plain = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, eos_token_id=[])
+        tree_model = TreeModel(model)
+        tree_model.use_static(StaticSteps(static_widths(budget + 1)))  # 1, 4, 8, ... as compiled steps run
+        tree_model.reserve = 40 + budget + 1
+        drafters = [make_drafters(["prompt"], DraftSources()) for _ in range(ids.shape[0])]
+        outputs, stats = speculative_decode(tree_model, ids, drafters, options, mask, TreePlanner(tree_budget=budget))
+        width = ids.shape[1]
+        for row, output in enumerate(outputs):
+            assert np.array_equal(output, plain[row, width:].numpy()), f"seed {seed} row {row}"
         assert stats.mean_accepted > 1.0  # drafts were verified and accepted, not only lone roots
+        assert stats.tree_slots > stats.tree_nodes  # trees were padded
+
+
+@pytest.mark.parametrize("budget", [3, 32])
+def test_static_greedy_equals_plain_greedy_through_generate(budget):
+    model = make_tiny_llama()
+    for seed in range(2):
+        ids, mask = _repeating_batch(seed)
+        plain = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False)
+        ours = _ours(model, ids, mask, max_new_tokens=40, cache_implementation="static", adaptive_tree=False,
+                     tree_budget=budget)
+        assert torch.equal(ours, plain), f"seed {seed}"
 
 
 def test_static_steps_run_at_the_fixed_widths_only():
