@@ -154,12 +154,18 @@ def test_static_call_after_a_reused_prefix_equals_plain():
     memory = PluginMemory(persist=False)
     ids, mask = _repeating_batch(4, rows=1)
     first = _ours(model, ids, mask, memory=memory, max_new_tokens=20, cache_implementation="static")
-    longer = torch.cat([first, ids[:, :7]], dim=1)
+    assert _continued(model, memory, first, ids[:, :7]) > 0
+
+
+def _continued(model, memory, earlier: torch.Tensor, extra: torch.Tensor) -> int:
+    """A static call on ``earlier`` (an earlier call's prompt and answer) followed by ``extra``, asserted
+    equal to plain greedy; returns the prompt tokens it reused."""
+    later = torch.cat([earlier, extra], dim=1)
     stats = DecodeStats()
-    ours = _ours(model, longer, torch.ones_like(longer), memory=memory, max_new_tokens=20,
+    ours = _ours(model, later, torch.ones_like(later), memory=memory, max_new_tokens=20,
                  cache_implementation="static", draft_stats=stats)
-    assert stats.reused_tokens > 0
-    assert torch.equal(ours, model.generate(longer, max_new_tokens=20, do_sample=False))
+    assert torch.equal(ours, model.generate(later, max_new_tokens=20, do_sample=False))
+    return stats.reused_tokens
 
 
 def test_compiled_static_step_traces_as_one_graph_and_equals_plain():
@@ -251,12 +257,7 @@ def test_rows_kept_for_later_calls_survive_the_next_call_taking_the_pool():
     other = torch.randint(3, 300, (1, 200), generator=torch.Generator().manual_seed(9))
     kept = _ours(model, first, torch.ones_like(first), memory=memory, max_new_tokens=20, cache_implementation="static")
     _ours(model, other, torch.ones_like(other), memory=memory, max_new_tokens=20, cache_implementation="static")
-    later = torch.cat([kept, first[:, :3]], dim=1)  # begins with the first call's prompt and answer
-    stats = DecodeStats()
-    ours = _ours(model, later, torch.ones_like(later), memory=memory, max_new_tokens=20,
-                 cache_implementation="static", draft_stats=stats)
-    assert stats.reused_tokens > 200
-    assert torch.equal(ours, model.generate(later, max_new_tokens=20, do_sample=False))
+    assert _continued(model, memory, kept, first[:, :3]) > 200  # the first call's prompt and answer, reused
 
 
 def test_a_model_compiled_in_place_is_refused_in_one_line():
