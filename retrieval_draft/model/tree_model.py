@@ -345,16 +345,18 @@ class TreeModel:
         if length + width > capacity:  # the pool is sized for the call (``reserve``): a bug if reached
             raise RuntimeError(f"a static step needs slots {length}..{length + width - 1}; the pool holds {capacity}")
         self._start.fill_(length)
-        if not self.static.compiled:
-            return self._run(self._slot_cache, packed.tokens, packed.position_ids, packed.mask, size=rows * width,
-                             grouped=grouped, forward=self.static.forward)
-        # A new step of the compiled loop: CUDA graphs may reuse the last replay's output buffers (this
-        # step's logits are copied out below before the next replay).
-        if self.device.type == "cuda":
+        compiled = self.static.compiled  # then no skinny matmul or grouped attention: they swap code at run time
+        if compiled and self.device.type == "cuda":
+            # a new step of the compiled loop: CUDA graphs may reuse the last replay's output buffers
+            # (this step's logits are copied out below, before the next replay)
             torch.compiler.cudagraph_mark_step_begin()
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-            out = self._run(self._slot_cache, packed.tokens, packed.position_ids, packed.mask, forward=self.static.forward)
-        out.logits = out.logits.to(torch.float32, copy=True)
+        graphs = torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT) if compiled else nullcontext()
+        with graphs:
+            out = self._run(self._slot_cache, packed.tokens, packed.position_ids, packed.mask,
+                            size=None if compiled else rows * width, grouped=[] if compiled else grouped,
+                            forward=self.static.forward)
+        if compiled:
+            out.logits = out.logits.to(torch.float32, copy=True)
         return out
 
     def _run(self, cache, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
