@@ -190,3 +190,22 @@ def test_a_parted_output_is_exact_only_at_a_near_tie_of_plain_greedys_logits():
     assert far["exact"] is False and far["first_difference"] == 0 and far["gap"] > far["tolerance"]
     assert near["first_difference"] == tied
     assert near["exact"] == (near["gap"] <= near["tolerance"])  # the rule, whichever side this step falls
+
+
+def test_the_static_systems_and_hfs_static_cache_run_and_the_share_of_static_is_over_static_without_drafts(tiny_llama):
+    from tools.bench.report import per_prompt
+
+    ids = random_prompt(4, repeat=3)
+    handles = ModelHandles(tiny_llama)
+    reference = run_system(SYSTEMS["hf"], setup_for(tiny_llama, ids, None)).output
+    runs = []
+    for name in ("hf", "hf_compiled", "static", "static_budget0", "budget0"):
+        kwargs = generate_kwargs(SYSTEMS[name], setup_for(None, ids, None))
+        assert kwargs.get("cache_implementation") == ("static" if "static" in name or name == "hf_compiled" else None)
+        result = run_system(SYSTEMS[name], setup_for(handles.get(SYSTEMS[name], "chat", 0), ids, None))
+        assert torch.equal(result.output, reference), name
+        runs.append({"workload": "chat", "prompt_id": "p", "system": name, "tokens_per_s": 10.0 * (len(runs) + 1),
+                     "wall_s": 1.0, "new_tokens": 8, "stats": None if name.startswith("hf") else {}})
+    rows = {row["system"]: row for row in per_prompt(runs)}
+    assert rows["static"]["share"] == 30.0 / 40.0  # over static_budget0, not budget0 (50)
+    assert rows["static"]["over_compiled"] == 30.0 / 20.0  # over HF's static cache

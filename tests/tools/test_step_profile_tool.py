@@ -42,3 +42,17 @@ def test_the_held_out_host_time_is_the_step_less_a_plain_forward_over_its_nodes(
         assert abs(row["kept_8ms"] - kept) < 0.002
     batched = profile(model, "two", [torch.cat([b, b]) for b in batches], max_new_tokens=8, replay=False)["two fresh"]
     assert "beyond_plain" not in batched  # per row: B = 1 only
+
+
+def test_the_command_line_profiles_the_static_path_beside_the_default(tmp_path, capsys):
+    import json
+
+    from tools.diagnostics.step_profile import main
+
+    out = tmp_path / "steps.json"
+    assert main(["--models", "tiny", "--batches", "1", "--prompts", "1", "--max-new-tokens", "8", "--static",
+                 "--json", str(out)]) == 0
+    table = json.loads(out.read_text())["ms_per_step"]
+    assert {"tiny B=1 fresh", "tiny B=1 static fresh"} <= set(table)
+    assert all("beyond_plain" in row for row in table.values())
+    assert "| tiny B=1 static replayed |" in capsys.readouterr().out
