@@ -77,6 +77,7 @@ class DecodeStats:
     step_tokens: int = 0  # tokens emitted by tree steps (after the prefill's first token per row)
     tree_nodes: int = 0  # real tree nodes verified, summed over steps
     tree_slots: int = 0  # rows x width, summed over forwards: tokens the forwards processed
+    probe_forwards: int = 0  # forwards that timed a size for the cost curve's measurement (``CostProbe``)
     prefill_s: float = 0.0
     draft_s: float = 0.0
     plan_s: float = 0.0
@@ -118,6 +119,7 @@ class DecodeStats:
         return {
             "rows": self.rows,
             "forwards": self.forwards,
+            "probe_forwards": self.probe_forwards,
             "steps": self.steps,
             "new_tokens": self.new_tokens,
             "mean_accepted": round(self.mean_accepted, 3),
@@ -364,6 +366,7 @@ def _step(run: _Run, rows: list[_Row]) -> None:
     stats.accept_s += clock() - read
     stats.device_forward_s += forward_seconds
     stats.forwards += 1
+    stats.probe_forwards += plan.probing is not None
     stats.steps += len(rows)
     stats.tree_nodes += sum(tree.size for tree in trees)
     stats.tree_slots += len(rows) * width

@@ -182,16 +182,24 @@ def test_the_first_call_measures_the_curve_from_its_own_forwards(monkeypatch):
     memory.model(model).probe = CostProbe(sizes=(1, 2, 4), kernel_possible=True)
     prompt = random_prompt(7, repeat=3)
     expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False)
+    probe_forwards = []  # per call: forwards that timed a size for the probe (``DecodeStats.probe_forwards``)
     for _ in range(3):
+        stats = retrieval_draft.DecodeStats()
         out = model.generate(
             prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False,
-            custom_generate=retrieval_draft.generate, draft_memory=memory,
+            custom_generate=retrieval_draft.generate, draft_memory=memory, draft_stats=stats,
         )
         assert torch.equal(out, expected)
+        probe_forwards.append(stats.probe_forwards)
         if memory.model(model).cost is not None:
             break
     learned = memory.model(model)
     assert learned.probe is None and learned.cost.max_nodes == 4
+    assert sum(probe_forwards) >= 4  # sizes 2 and 4 at least once each way, lone roots beside them
+    stats = retrieval_draft.DecodeStats()
+    model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False,
+                   custom_generate=retrieval_draft.generate, draft_memory=memory, draft_stats=stats)
+    assert stats.forwards > 0 and stats.probe_forwards == 0  # the curve is known: no forward probes
     stored = load_cost(model)
     assert learned.cost.steady and stored is not None  # measured on a steady machine: kept for the next process
     assert np.allclose(stored.seconds, learned.cost.seconds)
