@@ -78,6 +78,13 @@ class DraftTree:
         """Boolean (n, n): ``[i, j]`` is True when node j is node i or one of its ancestors."""
         return _ancestor_mask(self.parents)
 
+    def pack_into(self, tokens: np.ndarray, depths: np.ndarray, among: np.ndarray) -> None:
+        """Write the tree as one row of a step's inputs, W >= n slots wide, in one compiled pass:
+        ``tokens`` (W,) int64 ids (slots past the tree hold the root's), ``depths`` (W,) int64
+        (0 past the tree) and ``among`` (W, W) bool, which slots each slot sees: a node itself and
+        its ancestors (``ancestor_mask``), a slot past the tree only itself."""
+        _pack_row(self.tokens, self.parents, self.depths, tokens, depths, among)
+
     def top(self, budget: int, scores: np.ndarray) -> "DraftTree":
         """The root plus the ``budget`` draft nodes of highest ``scores`` (shape (n,)).
 
@@ -189,6 +196,22 @@ def _ancestor_mask(parents: np.ndarray) -> np.ndarray:  # pragma: no cover - com
                 mask[node, j] = mask[parent, j]
         mask[node, node] = True
     return mask
+
+
+@numba.njit(cache=True, nogil=True)
+def _pack_row(tree_tokens, parents, tree_depths, tokens, depths, among) -> None:  # pragma: no cover - compiled
+    """``DraftTree.pack_into``: a tree of n nodes into one row W >= n slots wide."""
+    n, width = tree_tokens.shape[0], tokens.shape[0]
+    for i in range(width):
+        for j in range(width):
+            among[i, j] = False
+        among[i, i] = True
+        tokens[i] = tree_tokens[i] if i < n else tree_tokens[0]
+        depths[i] = tree_depths[i] if i < n else 0
+    for node in range(1, n):  # topological order: a parent's row is complete before its children's
+        parent = parents[node]
+        for j in range(node):
+            among[node, j] = among[parent, j]
 
 
 @numba.njit(cache=True, nogil=True)

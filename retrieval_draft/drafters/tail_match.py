@@ -78,29 +78,66 @@ def continuations(
     A continuation stops before a negative id (a document separator). Every
     token's probability grows with the match length; the first token's is also
     shared among the matches of at least that length by how many of them
-    continue with it.
+    continue with it. One compiled pass (``_continuations``) reads every match.
     """
     order = np.lexsort((-ends, -lengths))
-    ends, lengths = ends[order], lengths[order]
-    next_tokens = haystack[ends + 1]
-    written = 0
-    seen: set[tuple[int, ...]] = set()
-    for end, length in zip(ends.tolist(), lengths.tolist()):
-        tokens = haystack[end + 1 : end + 1 + max_len]
-        stop = np.flatnonzero(tokens < 0)
-        if stop.size:
-            tokens = tokens[: stop[0]]
-        key = tuple(tokens.tolist())
-        if not key or key in seen:
-            continue
-        seen.add(key)
-        level = lengths >= length
-        share = np.count_nonzero(next_tokens[level] == tokens[0]) / np.count_nonzero(level)
-        effective = length + np.arange(tokens.shape[0])  # match length behind each token
-        band = np.searchsorted(MATCH_LENGTH_BANDS, effective, side="right") - 1
-        probs = NEXT_TOKEN_PROB[band]
-        probs[0] = max(FIRST_TOKEN_PROB[band[0]] * share, 1e-3)
-        out.add(tokens, probs)
-        written += 1
+    tokens, probs, counts = _continuations(haystack, ends[order], lengths[order], max_len, max_branches,
+                                           MATCH_LENGTH_BANDS, FIRST_TOKEN_PROB, NEXT_TOKEN_PROB)
+    out.add_flat(tokens, probs, counts)
+
+
+@numba.njit(cache=True, nogil=True)
+def _continuations(haystack, ends, lengths, max_len, max_branches, bands, first_prob, next_prob):  # pragma: no cover - compiled
+    """``continuations``' drafts, laid end to end: tokens (m,) int64, probabilities (m,) float64 and
+    each draft's length (d,) int64. ``ends`` / ``lengths`` (c,): the matches, longest first, then
+    most recent; ``bands``, ``first_prob``, ``next_prob``: the tables above."""
+    c = ends.shape[0]
+    tokens = np.empty(max_branches * max_len, np.int64)
+    probs = np.empty(max_branches * max_len, np.float64)
+    counts = np.empty(max_branches, np.int64)
+    written, used = 0, 0
+    for i in range(c):
         if written == max_branches:
             break
+        start = ends[i] + 1
+        n = 0
+        while n < max_len and start + n < haystack.shape[0] and haystack[start + n] >= 0:
+            n += 1
+        if n == 0:
+            continue
+        seen = False  # the same continuation as an earlier draft's
+        at = 0
+        for d in range(written):
+            if counts[d] == n:
+                same = True
+                for j in range(n):
+                    if tokens[at + j] != haystack[start + j]:
+                        same = False
+                        break
+                if same:
+                    seen = True
+                    break
+            at += counts[d]
+        if seen:
+            continue
+        first = haystack[start]
+        level = 0  # matches at least this long, and of those, the ones continuing with ``first``
+        agree = 0
+        for k in range(c):
+            if lengths[k] >= lengths[i]:
+                level += 1
+                if haystack[ends[k] + 1] == first:
+                    agree += 1
+        for j in range(n):
+            effective = lengths[i] + j  # the match length behind this token
+            band = 0
+            while band + 1 < bands.shape[0] and bands[band + 1] <= effective:
+                band += 1
+            tokens[used + j] = haystack[start + j]
+            probs[used + j] = next_prob[band]
+            if j == 0:
+                probs[used] = max(first_prob[band] * (agree / level), 1e-3)
+        counts[written] = n
+        used += n
+        written += 1
+    return tokens[:used], probs[:used], counts[:written]

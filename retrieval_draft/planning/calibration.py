@@ -154,7 +154,7 @@ class RankCorrection:
 
     def bands(self, ranks: np.ndarray) -> np.ndarray:
         """The band (index into ``edges``) of each rank (1 = a tree's most probable draft node)."""
-        return np.searchsorted(self.edges, ranks, side="right") - 1
+        return self.edges.searchsorted(ranks, side="right") - 1  # the method: no Python wrapper
 
     def factors(self, count: int) -> np.ndarray:
         """(count,) the correction of ranks 1..count."""

@@ -420,7 +420,9 @@ class DrafterGate:
 
     def should_ask(self, name: str) -> bool:
         """Whether to query drafter ``name`` this step (counts the step down when not)."""
-        record = self.records.setdefault(name, DrafterRecord())
+        record = self.records.get(name)
+        if record is None:
+            record = self.records[name] = DrafterRecord()
         if record.wait > 0:
             record.wait -= 1
             return False
@@ -438,10 +440,15 @@ class DrafterGate:
         right = [0] * len(proposals.names)
         for owner, length in zip(proposals.owners[: proposals.count].tolist(), matched.tolist()):
             right[owner] = max(right[owner], length)
-        for number in np.flatnonzero(proposals.asked).tolist():
-            name, seconds = proposals.names[number], float(proposals.seconds[number])
-            others = max((r for other, r in enumerate(right) if other != number), default=0)
-            record = self.records.setdefault(name, DrafterRecord())
+        spent = proposals.seconds.tolist()
+        for number, asked in enumerate(proposals.asked.tolist()):  # a few drafters: lists, not numpy calls
+            if not asked:
+                continue
+            name, seconds = proposals.names[number], spent[number]
+            others = max(right[:number] + right[number + 1 :], default=0)
+            record = self.records.get(name)
+            if record is None:
+                record = self.records[name] = DrafterRecord()
             d = 0.0 if record.queries == 0 else self.decay
             record.cost(seconds)
             record.marginal = d * record.marginal + (1 - d) * max(right[number] - others, 0)
