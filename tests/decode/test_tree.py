@@ -111,3 +111,23 @@ def test_ancestor_mask_of_random_trees_marks_exactly_each_nodes_path():
                 want[node, up] = True
                 up = parents[up]
         assert np.array_equal(tree.ancestor_mask(), want)
+
+
+def test_a_tree_packed_into_a_wider_row_pads_with_the_root_and_lone_slots():
+    rng = np.random.default_rng(3)
+    for _ in range(100):
+        n = int(rng.integers(1, 30))
+        width = n + int(rng.integers(0, 6))
+        parents = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)], dtype=np.int64)
+        depths = np.zeros(n, np.int64)
+        for i in range(1, n):
+            depths[i] = depths[parents[i]] + 1
+        tree = DraftTree(tokens=rng.integers(0, 9, n), parents=parents, depths=depths, probs=np.ones(n))
+        tokens, packed_depths = np.full(width, -7, np.int64), np.full(width, -7, np.int64)
+        among = rng.integers(0, 2, (width, width)).astype(bool)  # stale contents: every cell is written
+        tree.pack_into(tokens, packed_depths, among)
+        assert tokens.tolist() == tree.tokens.tolist() + [int(tree.tokens[0])] * (width - n)
+        assert packed_depths.tolist() == depths.tolist() + [0] * (width - n)
+        want = np.eye(width, dtype=bool)
+        want[:n, :n] = tree.ancestor_mask()
+        assert np.array_equal(among, want)
