@@ -56,3 +56,24 @@ def test_the_command_line_profiles_the_static_path_beside_the_default(tmp_path, 
     assert {"tiny B=1 fresh", "tiny B=1 static fresh"} <= set(table)
     assert all("beyond_plain" in row for row in table.values())
     assert "| tiny B=1 static replayed |" in capsys.readouterr().out
+
+
+def test_the_tiny_models_vocabulary_is_the_command_lines(tmp_path, monkeypatch):
+    """``--tiny-vocab``: the tiny model and its random prompts both take the vocabulary given."""
+    import json
+
+    from tools.diagnostics import step_profile
+
+    seen = []
+    real_profile = step_profile.profile
+
+    def spy(model, label, batches, *args, **kwargs):
+        seen.append((model.config.vocab_size, max(int(b.max()) for b in batches)))
+        return real_profile(model, label, batches, *args, **kwargs)
+
+    monkeypatch.setattr(step_profile, "profile", spy)
+    out = tmp_path / "steps.json"
+    assert step_profile.main(["--models", "tiny", "--batches", "1", "--prompts", "1", "--max-new-tokens", "8",
+                              "--tiny-vocab", "4096", "--json", str(out)]) == 0
+    assert seen and all(vocab == 4096 and top < 4096 for vocab, top in seen)
+    assert json.loads(out.read_text())["tiny_vocab"] == 4096
