@@ -79,3 +79,11 @@ def test_llama_servers_command_line_names_the_file_the_port_and_the_speculation(
     assert llama_server.environment(server)["LD_LIBRARY_PATH"].split(":")[0] == str(kept)
     with pytest.raises(ValueError, match="spec_type"):
         llama_server.command(server, Path("m.gguf"), "eagle")
+
+
+def test_the_fim_workload_refuses_a_model_without_fim_tokens_before_starting_a_server(capsys):
+    from tools.bench.http_sessions import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--workloads", "fim", "--model", "smollm2-135m", "--out", "unused"])
+    assert stopped.value.code == 2 and "smollm2-135m has no fill-in-the-middle tokens" in capsys.readouterr().err

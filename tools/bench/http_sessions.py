@@ -42,6 +42,7 @@ from tools.bench.session_workloads import CHAT_NEW_TOKENS, CHAT_TURNS, EDITOR_NE
 
 SERVERS = {"plain": ["--plain"], "ours": [], "ours_warm": []}
 WORKLOADS = ("editor", "chat", "fim")
+DEFAULT_WORKLOADS = ("editor", "chat")  # fim needs a model with fill-in-the-middle tokens
 DEFAULT_OUT = "bench/results/http-sessions"
 OVERHEAD_REQUESTS = 5
 
@@ -161,7 +162,8 @@ def model_gguf(model: str | None) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench.http_sessions", description=__doc__.split("\n")[0])
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {', '.join(WORKLOADS)}")
+    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                        help=f"comma list of {', '.join(WORKLOADS)} (default: {','.join(DEFAULT_WORKLOADS)})")
     parser.add_argument("--model", default="smollm2-135m", help="the model every server loads (a name or a path)")
     parser.add_argument("--out", default=DEFAULT_OUT, help="results prefix (writes PREFIX.json and PREFIX.md)")
     args = parser.parse_args(argv)
@@ -173,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     from retrieval_draft.model.models import load_tokenizer
     from retrieval_draft.serving.folder import served_name
 
+    if "fim" in workloads:
+        from retrieval_draft.errors import NoFillInMiddleError
+        from retrieval_draft.serving.fim import fim_template
+
+        try:
+            fim_template(load_tokenizer(args.model), served_name(args.model))
+        except NoFillInMiddleError as error:
+            parser.error(str(error))
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     requests = editor_requests(load_tokenizer(args.model)) if "editor" in workloads else []
     names = list(SERVERS) if "editor" in workloads or "fim" in workloads else ["plain", "ours"]
