@@ -217,7 +217,7 @@ def test_a_request_whose_client_left_while_it_waited_is_not_generated(servers):
     queued = send_raw(server, {"model": MODEL, "prompt": "class Queued:\n", "generation_config": LONG})
     wait_for(server, r"Request received[^\n]*\n(.|\n)*Request received", since)  # both arrived
     queued.close()
-    time.sleep(0.2)  # the server sees the queued request's client go
+    time.sleep(0.1)  # the server sees the queued request's client go
     running.close()
     wait_for(server, r"client gone before its generation started: nothing generated", since)
     assert complete(ours, CODE) == complete(plain, CODE)
