@@ -4,8 +4,9 @@ Editor plugins made for llama.cpp's server (llama.vim, llama.vscode) send the te
 the text after it, chunks of other files and what was typed at the cursor, and read back the middle.
 This route answers them on HF's own server: ``add_infill_route`` adds ``POST /infill`` to the FastAPI
 app that ``transformers serve`` builds (``server_app.ours_in_app``), lays the request out as the
-model's FIM prompt (``fim.fim_prompt``) and hands it to HF's ``/v1/completions`` handler, so the request runs through the served model's ``generate`` (ours, or
-plain HF's with ``--plain``) like any other: same queue, same prefix cache, same exactness.
+model's FIM prompt (``fim.fim_prompt``) and hands it to HF's ``/v1/completions`` handler, so the
+request runs through the served model's ``generate`` (ours, or plain HF's with ``--plain``) like any
+other: same queue, same prefix cache, same exactness.
 
 Request (JSON), llama.cpp's names: ``input_prefix``, ``input_suffix`` (strings), ``input_extra`` (a list
 of ``{"filename", "text"}``), ``prompt`` (typed at the cursor, appended to the prefix), ``n_predict``
@@ -18,8 +19,8 @@ model's eos or at a token that closes a FIM middle (``fim.end_token_ids``), as l
 end-of-generation tokens do, or where an editor stop ends it.
 
 Answer: ``{"content", "tokens_predicted", "tokens_evaluated", "stop": true, "stop_type", "model",
-"truncated": false}`` (``stop_type``: ``"limit"`` when ``n_predict`` ran out or an editor stop ended it, else
-``"eos"``; ``n_indent`` cuts ``content`` before the short line's text); streamed,
+"truncated": false}`` (``stop_type``: ``"limit"`` when ``n_predict`` ran out or an editor stop ended
+it, else ``"eos"``; ``n_indent`` cuts ``content`` before the short line's text); streamed,
 one ``data: {"content": ..., "stop": false}`` line per piece and a last one with ``"stop": true`` and
 the counts. Errors come as llama.cpp words them, ``{"error": {"code", "message", "type"}}``: 400 for a
 bad field, 501 for a model without FIM tokens.
