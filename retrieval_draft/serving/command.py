@@ -124,10 +124,11 @@ def check_stores(options, sources) -> None:
 def start_server(folder, host: str, port: int, device: str, trust_remote_code: bool) -> int:
     """Run ``transformers serve`` on ``folder`` in this process until it stops (Ctrl-C). The server is
     given the folder's last part as the model (from its parent folder), so clients ask for that name;
-    it also answers llama.cpp's ``/infill`` for that model (``infill.served_with_infill``)."""
+    it also answers llama.cpp's ``/infill`` for that model and stops a generation whose client left
+    (``server_app.ours_in_app``)."""
     from transformers.cli.transformers import app
 
-    from retrieval_draft.serving.infill import served_with_infill
+    from retrieval_draft.serving.server_app import ours_in_app
 
     log = logging.getLogger("retrieval_draft.serving")
     log.setLevel(logging.INFO)
@@ -138,7 +139,7 @@ def start_server(folder, host: str, port: int, device: str, trust_remote_code: b
     argv = ["serve", folder.name, "--host", host, "--port", str(port), "--device", device]
     argv += ["--trust-remote-code"] if trust_remote_code else []
     try:
-        with served_with_infill(folder.name):
+        with ours_in_app(folder.name):
             app(argv, prog_name="transformers", standalone_mode=False)
     except SystemExit as stop:  # typer's own exit
         return int(stop.code or 0)

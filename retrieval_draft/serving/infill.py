@@ -3,22 +3,24 @@
 Editor plugins made for llama.cpp's server (llama.vim, llama.vscode) send the text before the cursor,
 the text after it, chunks of other files and what was typed at the cursor, and read back the middle.
 This route answers them on HF's own server: ``add_infill_route`` adds ``POST /infill`` to the FastAPI
-app that ``transformers serve`` builds (``served_with_infill`` wraps HF's app factory while the server
-starts), lays the request out as the model's FIM prompt (``fim.fim_prompt``) and hands it to HF's
-``/v1/completions`` handler, so the request runs through the served model's ``generate`` (ours, or
-plain HF's with ``--plain``) like any other: same queue, same prefix cache, same exactness.
+app that ``transformers serve`` builds (``server_app.ours_in_app``), lays the request out as the
+model's FIM prompt (``fim.fim_prompt``) and hands it to HF's ``/v1/completions`` handler, so the
+request runs through the served model's ``generate`` (ours, or plain HF's with ``--plain``) like any
+other: same queue, same prefix cache, same exactness.
 
 Request (JSON), llama.cpp's names: ``input_prefix``, ``input_suffix`` (strings), ``input_extra`` (a list
 of ``{"filename", "text"}``), ``prompt`` (typed at the cursor, appended to the prefix), ``n_predict``
 (new tokens; missing or negative: the server's default, 1024; 0 reads the prompt into the cache and
 answers nothing), ``temperature`` (default 0: greedy, where llama.cpp's default is 0.8), ``top_k``,
-``top_p``, ``seed``, ``stop`` and ``stream``. Other fields llama.cpp takes (``samplers``,
-``cache_prompt``, ``t_max_predict_ms``, ``n_indent``, ``response_fields``, ``id_slot``, ``model``...)
-are accepted and ignored. The middle ends at the model's eos or at a token that closes a FIM middle
-(``fim.end_token_ids``), as llama.cpp's end-of-generation tokens do.
+``top_p``, ``seed``, ``stop``, ``stream``, and llama.cpp's two editor stops, ``n_indent`` and
+``t_max_predict_ms`` (``editor_stops``). Other fields llama.cpp takes (``samplers``, ``cache_prompt``,
+``response_fields``, ``id_slot``, ``model``...) are accepted and ignored. The middle ends at the
+model's eos or at a token that closes a FIM middle (``fim.end_token_ids``), as llama.cpp's
+end-of-generation tokens do, or where an editor stop ends it.
 
 Answer: ``{"content", "tokens_predicted", "tokens_evaluated", "stop": true, "stop_type", "model",
-"truncated": false}`` (``stop_type``: ``"limit"`` when ``n_predict`` ran out, else ``"eos"``); streamed,
+"truncated": false}`` (``stop_type``: ``"limit"`` when ``n_predict`` ran out or an editor stop ended
+it, else ``"eos"``; ``n_indent`` cuts ``content`` before the short line's text); streamed,
 one ``data: {"content": ..., "stop": false}`` line per piece and a last one with ``"stop": true`` and
 the counts. Errors come as llama.cpp words them, ``{"error": {"code", "message", "type"}}``: 400 for a
 bad field, 501 for a model without FIM tokens.
@@ -26,13 +28,13 @@ bad field, 501 for a model without FIM tokens.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass
-from typing import Iterator
 
 from retrieval_draft.errors import InvalidInputError, NoFillInMiddleError
+from retrieval_draft.serving.editor_stops import EditorStops, short_line_at
 from retrieval_draft.serving.fim import ExtraChunk, end_token_ids, fim_prompt, fim_template
+from retrieval_draft.serving.request_stops import add_request_stop, remove_request_stops
 
 DEFAULT_N_PREDICT = 1024  # HF's server's floor for max_new_tokens when a request names none
 
@@ -52,6 +54,14 @@ class InfillRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stream: bool = False
+    n_indent: int = 0
+    t_max_predict_ms: int | None = None
+
+    def editor_stops(self, tokenizer) -> EditorStops | None:
+        """The request's ``n_indent`` and ``t_max_predict_ms`` as one criterion; None when it sets neither."""
+        if self.n_indent == 0 and self.t_max_predict_ms is None:
+            return None
+        return EditorStops(tokenizer, self.n_indent, self.t_max_predict_ms)
 
 
 def _field(body: dict, name: str, kinds: tuple[type, ...], default):
@@ -91,13 +101,18 @@ def parse_infill(body: dict) -> InfillRequest:
                                 f"{temperature}, {top_k}, {top_p}")
     if not all(isinstance(word, str) for word in stop):
         raise InvalidInputError("stop must be a list of strings")
+    n_indent = _field(body, "n_indent", (int,), 0)
+    if n_indent < 0:
+        raise InvalidInputError(f"n_indent must be >= 0, got {n_indent}")
+    t_max_predict_ms = _field(body, "t_max_predict_ms", (int,), None)
     return InfillRequest(
         before=_field(body, "input_prefix", (str,), ""), after=_field(body, "input_suffix", (str,), ""),
         extra=_extra(body), typed=_field(body, "prompt", (str,), ""),
         n_predict=None if n_predict is None or n_predict < 0 else n_predict, temperature=temperature,
         top_k=top_k, top_p=None if top_p is None else float(top_p),
         seed=None if seed is None or seed < 0 else seed, stop=tuple(word for word in stop if word),
-        stream=_field(body, "stream", (bool,), False),
+        stream=_field(body, "stream", (bool,), False), n_indent=n_indent,
+        t_max_predict_ms=None if t_max_predict_ms is None or t_max_predict_ms <= 0 else t_max_predict_ms,
     )
 
 
@@ -126,12 +141,17 @@ def completion_body(request: InfillRequest, name: str, tokenizer, generation_con
     return body
 
 
-def llama_answer(text: str, finish_reason: str | None, usage: dict | None, name: str) -> dict:
-    """llama.cpp's closing ``/infill`` answer for a middle ``text`` from HF's completion fields."""
+def llama_answer(text: str, finish_reason: str | None, usage: dict | None, name: str,
+                 stops: EditorStops | None = None) -> dict:
+    """llama.cpp's closing ``/infill`` answer for a middle ``text`` from HF's completion fields and
+    the request's editor stops (``stops``, after its generation): cut where ``n_indent`` ended it."""
     usage = usage or {}
+    fired = None if stops is None else stops.fired
+    if fired == "indent":
+        text = text[: short_line_at(text, stops.n_indent)]
     return {"content": text, "tokens_predicted": usage.get("completion_tokens", 0),
             "tokens_evaluated": usage.get("prompt_tokens", 0), "stop": True,
-            "stop_type": "limit" if finish_reason == "length" else "eos", "model": name, "truncated": False}
+            "stop_type": "limit" if finish_reason == "length" or fired else "eos", "model": name, "truncated": False}
 
 
 def llama_error(status: int, message: str):
@@ -147,8 +167,9 @@ def _sse(body: dict) -> str:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
-async def _llama_stream(events, name: str):
-    """HF's completion SSE stream (``events``: its response's body iterator) as llama.cpp's."""
+async def _llama_stream(events, name: str, stops: EditorStops | None):
+    """HF's completion SSE stream (``events``: its response's body iterator) as llama.cpp's; the
+    pieces are the model's text as it comes (as llama.cpp streams it, not cut by ``n_indent``)."""
     try:
         async for piece in events:
             for line in (piece if isinstance(piece, str) else piece.decode("utf-8")).split("\n\n"):
@@ -163,7 +184,7 @@ async def _llama_stream(events, name: str):
                     return
                 (choice,) = chunk["choices"]
                 if choice.get("finish_reason"):
-                    yield _sse(llama_answer("", choice["finish_reason"], chunk.get("usage"), name))
+                    yield _sse(llama_answer("", choice["finish_reason"], chunk.get("usage"), name, stops))
                 elif choice.get("text"):
                     yield _sse({"content": choice["text"], "stop": False})
     finally:
@@ -182,7 +203,13 @@ def add_infill_route(app, completion_handler, name: str) -> None:
             _, model, processor = completion_handler._resolve_model({"model": name})
             tokenizer = getattr(processor, "tokenizer", processor)
             completion = completion_body(wanted, name, tokenizer, model.generation_config)
-            answer = await completion_handler.handle_request(completion, request.state.request_id)
+            stops = wanted.editor_stops(tokenizer)
+            added = None if stops is None else add_request_stop(stops)  # the generation is submitted in here
+            try:
+                answer = await completion_handler.handle_request(completion, request.state.request_id)
+            finally:
+                if added is not None:
+                    remove_request_stops(added)
         except InvalidInputError as error:
             return llama_error(400, str(error))
         except NoFillInMiddleError as error:
@@ -190,31 +217,11 @@ def add_infill_route(app, completion_handler, name: str) -> None:
         except HTTPException as error:
             return llama_error(error.status_code, str(error.detail))
         if wanted.stream:
-            return StreamingResponse(_llama_stream(answer.body_iterator, name), media_type="text/event-stream")
+            return StreamingResponse(_llama_stream(answer.body_iterator, name, stops), media_type="text/event-stream")
         completed = json.loads(answer.body)
         (choice,) = completed["choices"]
-        return llama_answer(choice["text"], choice.get("finish_reason"), completed.get("usage"), name)
+        return llama_answer(choice["text"], choice.get("finish_reason"), completed.get("usage"), name, stops)
 
     # FastAPI reads the parameters' kinds from real classes (this module's annotations are strings)
     infill.__annotations__ = {"request": Request, "body": dict}
     app.add_api_route("/infill", infill, methods=["POST"])
-
-
-@contextlib.contextmanager
-def served_with_infill(name: str) -> Iterator[None]:
-    """Within the block, the app that ``transformers serve`` builds (``serving.server.build_server``,
-    looked up when the server starts) also answers ``/infill`` for the model served as ``name``."""
-    from transformers.cli.serving import server
-
-    build = server.build_server
-
-    def build_with_infill(*args, **kwargs):
-        app = build(*args, **kwargs)
-        add_infill_route(app, kwargs["completion_handler"] if "completion_handler" in kwargs else args[2], name)
-        return app
-
-    server.build_server = build_with_infill
-    try:
-        yield
-    finally:
-        server.build_server = build

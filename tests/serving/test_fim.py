@@ -95,9 +95,11 @@ def test_an_infill_body_is_read_with_llama_cpps_names_and_defaults():
             "t_max_predict_ms": 1000, "stop": [], "id_slot": 0, "response_fields": ["content"]}
     request = parse_infill(body)
     assert request == InfillRequest("def f():\n", "\nf()\n", (ExtraChunk("a.py", "A = 1\n"), ExtraChunk("tmp", "B = 2\n")),
-                                    "    re", 32, 0.0, 40, 0.9, None, (), False)
+                                    "    re", 32, 0.0, 40, 0.9, None, (), False, 0, 1000)
     assert parse_infill({}) == InfillRequest()  # greedy, the server's own length
     assert parse_infill({"n_predict": -1, "seed": -1}).n_predict is None
+    assert parse_infill({"t_max_predict_ms": -1, "n_indent": 0}) == InfillRequest()  # llama.cpp's "no limit"
+    assert parse_infill({}).editor_stops(None) is None
 
 
 @pytest.mark.parametrize("body, words", [
@@ -110,6 +112,9 @@ def test_an_infill_body_is_read_with_llama_cpps_names_and_defaults():
     ({"top_p": 0}, "top_p in (0, 1]"),
     ({"stop": [1]}, "stop must be a list of strings"),
     ({"stream": "yes"}, "stream must be true or false"),
+    ({"n_indent": -1}, "n_indent must be >= 0"),
+    ({"n_indent": "4"}, "n_indent must be an integer"),
+    ({"t_max_predict_ms": 0.5}, "t_max_predict_ms must be an integer"),
 ])
 def test_a_bad_infill_field_is_refused_in_one_line(body, words):
     with pytest.raises(InvalidInputError) as caught:

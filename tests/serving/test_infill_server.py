@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from retrieval_draft.serving.editor_stops import short_line_at
 from retrieval_draft.serving.fim import ExtraChunk, end_token_ids, fim_prompt, fim_template
 from tests.doc_preamble import FIM_TOKENS, tiny_model_folder
 from tools.bench.http_servers import openai_client, served
@@ -166,3 +167,26 @@ def test_a_raw_fim_prompt_through_v1_completions_is_read_as_written(servers, ref
                                                                  temperature=0, stream=stream)
         texts[name] = "".join(c.choices[0].text for c in answer if c.choices) if stream else answer.choices[0].text
     assert texts["ours"] == texts["plain"] == reference(QWEN_PROMPT, 24, ends=False)
+
+
+# A middle (from this tiny model) whose later lines are indented by 3 characters and then 0 (a blank line)
+INDENTED_BEFORE = ("\ndef _decode_uXXXX(s, pos):\n    esc = s[pos + 1:pos + 5]\n    if len(esc) == 4 and esc[1] not in 'xX':\n"
+                   "        try:\n            return int(esc, 16)\n")
+INDENTED_AFTER = '        except ValueError:\n            pass\n    msg = "Invalid \\\\uXXXX escape"\n'
+
+
+@pytest.mark.parametrize("n_indent", [1, 4])
+@pytest.mark.parametrize("name", ["ours", "plain"])
+def test_n_indent_ends_the_middle_before_the_first_later_line_indented_less(servers, reference, name, n_indent):
+    prompt = f"<|fim_prefix|>{INDENTED_BEFORE}<|fim_suffix|>{INDENTED_AFTER}<|fim_middle|>"
+    whole = reference(prompt, 32)
+    cut = short_line_at(whole, n_indent)
+    assert cut is not None and cut < len(whole.rstrip())  # the unlimited middle goes on past the short line
+    body = infill(servers[name], input_prefix=INDENTED_BEFORE, input_suffix=INDENTED_AFTER, n_predict=32,
+                  n_indent=n_indent).json()
+    assert body["content"] == whole[:cut] and body["stop_type"] == "limit"
+    assert body["tokens_predicted"] < reference.counts[prompt, 32, True]  # the generation stopped there
+    if name == "ours":  # streamed: the closing event says the same
+        last = streamed(servers[name], input_prefix=INDENTED_BEFORE, input_suffix=INDENTED_AFTER, n_predict=32,
+                        n_indent=n_indent)[-1]
+        assert [last["stop_type"], last["tokens_predicted"]] == ["limit", body["tokens_predicted"]]

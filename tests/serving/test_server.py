@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -155,3 +157,67 @@ def test_infill_for_a_model_without_fim_tokens_is_refused_in_one_line(servers, n
     assert error["type"] == "not_supported_error" and error["code"] == 501
     assert error["message"].startswith(f"{MODEL} has no fill-in-the-middle tokens") and "\n" not in error["message"]
     assert complete(openai_client(server), CODE) == complete(servers["plain"][0], CODE)  # and it serves on
+
+
+# 900 tokens unless stopped (no eos before); sampled from the random model's flat distribution, so no
+# draft is accepted and each token is a step of its own (greedy, the output history could replay the
+# 900 tokens in a few steps): about 1 ms a token here
+LONG = json.dumps({"max_new_tokens": 900, "min_new_tokens": 900, "do_sample": True, "top_k": 0})
+GONE = r"client gone: generation stopped after (\d+) new tokens|client gone before its generation started"
+
+
+def send_raw(server, body: dict) -> socket.socket:
+    """A connection on which ``body`` was POSTed to ``/v1/completions`` (the answer left unread)."""
+    data = json.dumps(body).encode()
+    connection = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    return connection
+
+
+def wait_for(server, pattern: str, since: int) -> re.Match:
+    """The first match of ``pattern`` in the server's log after character ``since``, waiting up to 60 s."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = re.search(pattern, server.log_text()[since:])
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"no {pattern!r} in the server's log:\n{server.log_text()[since:][-2000:]}")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("name", ["ours", "plain"])
+def test_a_client_that_leaves_stops_its_generation_and_the_next_request_is_served(servers, name, stream):
+    """The abandoned request asked for 900 tokens; the log says it stopped well before, and the next
+    request, queued behind it, is answered as the plain server answers it."""
+    client, server = servers[name]
+    since = len(server.log_text())
+    connection = send_raw(server, {"model": MODEL, "prompt": f"class Leaving{name}{stream}:\n", "stream": stream,
+                                   "generation_config": LONG})
+    if stream:
+        assert connection.recv(4096).startswith(b"HTTP/1.1 200")  # headers, then the first pieces: it runs
+        assert b"data: " in connection.recv(4096)
+    else:  # it runs from a moment after it is received (if it has not started, it never will)
+        wait_for(server, r"Request received", since)
+        time.sleep(0.1)
+    connection.close()
+    assert complete(client, CODE) == complete(servers["plain"][0], CODE)
+    stopped = wait_for(server, GONE, since)
+    assert stopped.group(1) is None or int(stopped.group(1)) < 900
+    if name == "ours" and stopped.group(1) is not None and not stream:  # its own line, before the next's, agrees
+        assert calls(server)[-2][2] == int(stopped.group(1))
+
+
+def test_a_request_whose_client_left_while_it_waited_is_not_generated(servers):
+    (ours, server), (plain, _) = servers["ours"], servers["plain"]
+    since = len(server.log_text())
+    running = send_raw(server, {"model": MODEL, "prompt": "class Running:\n", "stream": True, "generation_config": LONG})
+    assert b"data: " in running.recv(4096) + running.recv(4096)  # generating now
+    queued = send_raw(server, {"model": MODEL, "prompt": "class Queued:\n", "generation_config": LONG})
+    wait_for(server, r"Request received[^\n]*\n(.|\n)*Request received", since)  # both arrived
+    queued.close()
+    time.sleep(0.1)  # the server sees the queued request's client go
+    running.close()
+    wait_for(server, r"client gone before its generation started: nothing generated", since)
+    assert complete(ours, CODE) == complete(plain, CODE)

@@ -1,4 +1,5 @@
-"""Servers started by ``retrieval-draft serve`` as a client meets them: a process on a free port.
+"""Servers started by ``retrieval-draft serve`` (or a peer's, ``llama_server``) as a client meets
+them: a process on a free port.
 
 ``served`` starts one (``python -m retrieval_draft_datastore.cli serve ...``, the console script's
 module) with its output in a log file, waits until ``/health`` answers, and stops it (Ctrl-C, then
@@ -9,6 +10,7 @@ HTTP session benchmark (``tools.bench.http_sessions``) and the server tests.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import socket
 import subprocess
@@ -46,10 +48,16 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start(args: list[str], log: Path, env: dict | None = None) -> Server:
-    """Start ``retrieval-draft serve ARGS --host HOST --port <free>``, logging to ``log``; returns at once."""
+def start(args, log: Path, env: dict | None = None) -> Server:
+    """Start ``retrieval-draft serve ARGS --host HOST --port <free>`` (``args``: a list of strings), or
+    another server (``args``: a callable ``(host, port) -> argv``, e.g. ``llama_server.command``),
+    logging to ``log``; returns at once."""
     port = free_port()
-    command = [sys.executable, "-m", "retrieval_draft_datastore.cli", "serve", *args, "--host", HOST, "--port", str(port)]
+    if callable(args):
+        command = args(HOST, port)
+    else:
+        command = [sys.executable, "-m", "retrieval_draft_datastore.cli", "serve", *args, "--host", HOST,
+                   "--port", str(port)]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
@@ -82,19 +90,29 @@ def stop(server: Server) -> None:
 
 
 @contextlib.contextmanager
-def served(*arg_lists: list[str], logs: Path, env: dict | None = None) -> Iterator[list[Server]]:
-    """Servers for each of ``arg_lists`` (started together, all ready on entry), stopped on exit;
-    ``logs``: the folder of their log files (``server-<i>.log``)."""
+def served(*arg_lists, logs: Path, env: dict | None = None, envs: list[dict | None] | None = None) -> Iterator[list[Server]]:
+    """Servers for each of ``arg_lists`` (as ``start`` takes them; started together, all ready on
+    entry), stopped on exit; ``logs``: the folder of their log files (``server-<i>.log``); ``envs``:
+    one environment per server, in place of ``env`` for all."""
     servers: list[Server] = []
     try:
         for index, args in enumerate(arg_lists):
-            servers.append(start(args, logs / f"server-{index}.log", env))
+            servers.append(start(args, logs / f"server-{index}.log", envs[index] if envs else env))
         for server in servers:
             wait_ready(server)
         yield servers
     finally:
         for server in servers:
             stop(server)
+
+
+def post_json(server: Server, path: str, body: dict, timeout_s: float = 600) -> dict:
+    """The JSON answer of ``server`` to ``body`` POSTed to ``path`` (``/infill``); ``urllib.error.HTTPError``
+    on an error status."""
+    request = urllib.request.Request(f"http://{HOST}:{server.port}{path}", data=json.dumps(body).encode("utf-8"),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+        return json.loads(answer.read())
 
 
 def openai_client(server: Server, timeout_s: float = 600):

@@ -1,7 +1,7 @@
 """HTTP session benchmark: an editor and a chat client, through the ``openai`` client, against servers
 started by ``retrieval-draft serve``.
 
-    python -m tools.bench.http_sessions [--workloads editor,chat] [--model NAME] [--out PREFIX]
+    python -m tools.bench.http_sessions [--workloads editor,chat,fim] [--model NAME] [--out PREFIX]
 
 Servers, each its own process started here and loaded before the first request, all on one model:
 
@@ -18,7 +18,10 @@ completion at docstring ends, one import edit near the top), sent to ``/v1/compl
 the four-turn chat, sent to ``/v1/chat/completions`` with each client's own earlier replies
 (``ours_warm`` takes no part: a chat has nothing to warm). Greedy (``temperature=0``). Requests go
 in order; at each request every server gets it once, the order rotated. Per request: the round trip
-in seconds, the text, whether it equals the plain server's. Before the sessions the server's
+in seconds, the text, whether it equals the plain server's. The ``fim`` workload (``fim_session``: ``/infill``
+requests as llama.vim sends them) adds llama.cpp's ``llama-server`` on the model's GGUF file, plain and
+with n-gram speculation, built at benchmark time (``llama_server``; reported unavailable, with the
+reason, where it cannot be built or the model is not a GGUF file). Before the sessions the server's
 overhead is measured: one-token requests on a one-token prompt (the round trip of a request that
 does almost no model work). Writes PREFIX.json and PREFIX.md.
 """
@@ -32,12 +35,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools.bench.fim_session import fim_session, llama_peers
 from tools.bench.http_servers import openai_client, served
 from tools.bench.report import load_average, machine_info, write_results
-from tools.bench.session_workloads import CHAT_NEW_TOKENS, CHAT_TURNS, EDITOR_NEW_TOKENS, editor_requests
+from tools.bench.session_workloads import CHAT_NEW_TOKENS, CHAT_TURNS, EDITOR_NEW_TOKENS, editor_requests, fim_requests
 
 SERVERS = {"plain": ["--plain"], "ours": [], "ours_warm": []}
-WORKLOADS = ("editor", "chat")
+WORKLOADS = ("editor", "chat", "fim")
+DEFAULT_WORKLOADS = ("editor", "chat")  # fim needs a model with fill-in-the-middle tokens
 DEFAULT_OUT = "bench/results/http-sessions"
 OVERHEAD_REQUESTS = 5
 
@@ -117,6 +122,8 @@ def summarize(records: list[dict]) -> dict:
                 "per_request": [round(x, 3) for x in ratios], "median": round(statistics.median(ratios), 3),
                 "min": round(min(ratios), 3), "max": round(max(ratios), 3), "session": round(total, 3),
                 "identical": sum(rows[i, name]["identical"] for i in requests), "requests": len(requests),
+                "median_s": round(statistics.median(rows[i, name]["wall_s"] for i in requests), 3),
+                "total_s": round(sum(rows[i, name]["wall_s"] for i in requests), 3),
             }
     return out
 
@@ -130,13 +137,13 @@ def markdown(result: dict) -> str:
              f"Command: `{result['command']}`. Cache: {result['cache']}.",
              f"Server overhead: a one-token request on a one-token prompt takes {result['overhead_s']['plain']:.3f} s "
              f"round trip on the plain server, {result['overhead_s']['ours']:.3f} s on ours.", "",
-             "| workload | server | plain over it, median per request (range) | session | identical |",
-             "|---|---|---:|---:|---:|"]
+             *(f"Unavailable: {name}: {why}." for name, why in result.get("unavailable", {}).items()), "",
+             "| workload | server | median s per request | session s | plain over it, median per request (range) | "
+             "session | identical |", "|---|---|---:|---:|---:|---:|---:|"]
     for workload, servers in result["summary"].items():
         for name, row in servers.items():
-            if name != "plain":
-                lines.append(f"| {workload} | {name} | {row['median']:.2f}x ({row['min']:.2f}-{row['max']:.2f}x) | "
-                             f"{row['session']:.2f}x | {row['identical']}/{row['requests']} |")
+            lines.append(f"| {workload} | {name} | {row['median_s']:.2f} | {row['total_s']:.2f} | {row['median']:.2f}x "
+                         f"({row['min']:.2f}-{row['max']:.2f}x) | {row['session']:.2f}x | {row['identical']}/{row['requests']} |")
     lines += ["", "| workload | request | server | seconds | warm-up s | identical | load |", "|---|---|---|---:|---:|---|---:|"]
     for r in result["records"]:
         warm = "" if r["warm_s"] is None else f"{r['warm_s']:.2f}"
@@ -145,9 +152,18 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def model_gguf(model: str | None) -> Path | None:
+    """The GGUF file ``model`` (a name or a path) is read from, or None when it is not one."""
+    from retrieval_draft.model.models import model_location
+
+    folder, extra = model_location(model)
+    return Path(folder) / extra["gguf_file"] if "gguf_file" in extra else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench.http_sessions", description=__doc__.split("\n")[0])
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {', '.join(WORKLOADS)}")
+    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                        help=f"comma list of {', '.join(WORKLOADS)} (default: {','.join(DEFAULT_WORKLOADS)})")
     parser.add_argument("--model", default="smollm2-135m", help="the model every server loads (a name or a path)")
     parser.add_argument("--out", default=DEFAULT_OUT, help="results prefix (writes PREFIX.json and PREFIX.md)")
     args = parser.parse_args(argv)
@@ -159,13 +175,25 @@ def main(argv: list[str] | None = None) -> int:
     from retrieval_draft.model.models import load_tokenizer
     from retrieval_draft.serving.folder import served_name
 
+    if "fim" in workloads:
+        from retrieval_draft.errors import NoFillInMiddleError
+        from retrieval_draft.serving.fim import fim_template
+
+        try:
+            fim_template(load_tokenizer(args.model), served_name(args.model))
+        except NoFillInMiddleError as error:
+            parser.error(str(error))
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     requests = editor_requests(load_tokenizer(args.model)) if "editor" in workloads else []
-    names = list(SERVERS) if "editor" in workloads else ["plain", "ours"]
+    names = list(SERVERS) if "editor" in workloads or "fim" in workloads else ["plain", "ours"]
+    starts, envs = [[*SERVERS[n], "--model", args.model] for n in names], [None] * len(names)
+    peers, unavailable = llama_peers(model_gguf(args.model)) if "fim" in workloads else ({}, {})
+    for name, (argv, env) in peers.items():
+        names, starts, envs = [*names, name], [*starts, argv], [*envs, env]
     model = served_name(args.model)
-    with tempfile.TemporaryDirectory() as logs, served(*[[*SERVERS[n], "--model", args.model] for n in names],
-                                                       logs=Path(logs)) as servers:
-        clients = {name: openai_client(server) for name, server in zip(names, servers)}
+    with tempfile.TemporaryDirectory() as logs, served(*starts, logs=Path(logs), envs=envs) as servers:
+        by_name = dict(zip(names, servers))
+        clients = {name: openai_client(by_name[name]) for name in SERVERS if name in by_name}
         info = machine_info()
         costs = {name: overhead(clients[name], model) for name in ("plain", "ours")}
         records = []
@@ -173,10 +201,12 @@ def main(argv: list[str] | None = None) -> int:
             records += editor_session(clients, model, requests, log)
         if "chat" in workloads:
             records += chat_session(clients, model, log)
+        if "fim" in workloads:
+            records += fim_session(by_name, fim_requests(), log)
     result = {"model": args.model, "machine": info, "command": "python -m tools.bench.http_sessions " + " ".join(argv or sys.argv[1:]),
               "cache": f"the user cache at {cache_root()} as this machine left it (cost curve and rates lived-in); "
                        "each server starts with an empty prefix cache",
-              "overhead_s": costs, "records": records, "summary": summarize(records), "load_avg_end": load_average()}
+              "overhead_s": costs, "unavailable": unavailable, "records": records, "summary": summarize(records), "load_avg_end": load_average()}
     write_results(args.out, result, markdown(result))
     return 0
 

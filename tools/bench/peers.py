@@ -51,14 +51,15 @@ def _run(command: list[str], cwd: Path) -> None:
         raise PeerUnavailable(f"{' '.join(command[:3])} failed: {tail[0][:200]}")
 
 
-def sdist(kept: Path = SDIST_FILE) -> Path:
-    """The sdist, downloaded with pip into ``kept`` (atomically) unless it is there already."""
+def sdist(kept: Path = SDIST_FILE, requirement: str = SDIST) -> Path:
+    """The sdist of ``requirement`` (``name==version``), downloaded with pip into ``kept`` (atomically)
+    unless it is there already."""
     if kept.is_file():
         return kept
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
-              "--quiet", SDIST, "-d", str(work)], work)
+              "--quiet", requirement, "-d", str(work)], work)
         (archive,) = work.glob("*.tar.gz")
         kept.parent.mkdir(parents=True, exist_ok=True)
         partial = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")

@@ -10,6 +10,12 @@
   (the model's own earlier replies included, decoded and passed back through the chat
   template), the later turns asking to rework earlier answers.
 
+- ``fim``: an editor asking for the middle, as llama.vim asks llama.cpp's server: another file of the
+  same package (``fire/completion.py``) walked top to bottom, the cursor at the indentation of
+  ``FIM_REQUESTS`` code lines spread over it; each request sends the ``FIM_WINDOW`` lines above the
+  cursor (and the cursor line's indentation) as the prefix and the lines below as the suffix, and
+  asks for ``FIM_NEW_TOKENS`` tokens; the warming request is the prefix less its last line.
+
 The editor's prompts are fixed (the user types the file, not the completions); a chat turn's
 prompt depends on the replies before it, so each client sends its own history.
 """
@@ -27,6 +33,11 @@ EDITOR_NEW_TOKENS = 48
 EDITOR_TOKENS = (600, 3700)  # prompt lengths of the requests, in tokens (SmolLM2's tokenizer: ~850-3,700)
 EDIT_AFTER = 4  # requests before the import edit
 EDIT = ("from fire import formatting\n", "from fire import formatting, trace\n")  # an import line near the top
+
+FIM_SOURCE = ("fire", "completion.py")
+FIM_REQUESTS = 8
+FIM_NEW_TOKENS = 32
+FIM_WINDOW = (120, 40)  # lines above the cursor's line, lines below it (llama.vim counts its windows in lines)
 
 CHAT_NEW_TOKENS = 96
 CHAT_TURNS = (
@@ -92,3 +103,37 @@ def editor_requests(tokenizer, count: int = EDITOR_REQUESTS, tokens: tuple[int, 
         requests.append(EditorRequest(f"{name}:{end}", tuple(tokenizer.encode(above)), edited, above, warm))
     return requests
 
+
+
+@dataclass(frozen=True)
+class FimRequest:
+    """One fill-in-the-middle request at a cursor (``file:line``): ``before`` (the lines above the
+    cursor's line and its indentation), ``after`` (the rest of that line, empty, and the lines below),
+    and ``warm_before``: ``before`` less its last line, what a warming client sends while the user
+    types that line."""
+
+    request_id: str
+    before: str
+    after: str
+    warm_before: str
+
+
+def fim_requests(count: int = FIM_REQUESTS, window: tuple[int, int] = FIM_WINDOW,
+                 source: tuple[str, str] | None = None) -> list[FimRequest]:
+    """The FIM session's requests in file order: cursors at ``count`` code lines (not blank, not a
+    comment) evenly spread over those with ``window`` lines above and below them."""
+    text, name = source or editor_source(*FIM_SOURCE)
+    lines = text.splitlines(keepends=True)
+    above, below = window
+    code = [index for index in range(above, len(lines) - below)
+            if lines[index].strip() and not lines[index].lstrip().startswith("#")]
+    if len(code) < count:
+        raise ValueError(f"{name} has {len(code)} code lines with {above} lines above and {below} below; {count} wanted")
+    chosen = [code[round(i * (len(code) - 1) / max(count - 1, 1))] for i in range(count)]
+    requests = []
+    for index in chosen:
+        indent = lines[index][: len(lines[index]) - len(lines[index].lstrip())]
+        warm = "".join(lines[index - above : index])
+        requests.append(FimRequest(f"{name}:{index + 1}", warm + indent, "\n" + "".join(lines[index + 1 : index + 1 + below]),
+                                   warm))
+    return requests
