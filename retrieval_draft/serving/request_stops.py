@@ -25,7 +25,6 @@ import contextvars
 import functools
 import logging
 import threading
-import weakref
 from typing import Iterator
 
 import torch
@@ -34,7 +33,6 @@ from transformers.generation.stopping_criteria import StoppingCriteria, Stopping
 LOG = logging.getLogger(__name__)  # ``retrieval-draft serve`` shows it (INFO)
 
 _STOPS: contextvars.ContextVar[tuple[StoppingCriteria, ...]] = contextvars.ContextVar("request_stops", default=())
-_WRAPPED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models whose generate is wrapped
 
 
 class ClientGone(StoppingCriteria):
@@ -101,6 +99,7 @@ def generate_with_request_stops(generate):
             if gone is not None and gone.gone.is_set():
                 LOG.info("client gone: generation stopped after %d new tokens", gone.new_tokens)
 
+    generate_for_request.adds_request_stops = True  # ``with_request_stops`` wraps a model once
     return generate_for_request
 
 
@@ -116,9 +115,8 @@ def _prompt_only(args: tuple, kwargs: dict) -> torch.Tensor:
 
 def with_request_stops(model: torch.nn.Module) -> torch.nn.Module:
     """Wrap ``model.generate`` (``generate_with_request_stops``) unless done already; returns ``model``."""
-    if model not in _WRAPPED:
+    if not getattr(model.generate, "adds_request_stops", False):
         model.generate = generate_with_request_stops(model.generate)
-        _WRAPPED.add(model)
     return model
 
 
