@@ -2,20 +2,12 @@
 
 Every document is followed by the separator id, so no n-gram or
 continuation ever spans two documents. Token chunks are appended to a spool
-file as they are produced, so memory stays bounded by a few batches.
-
-Tokenising is most of a build (about three quarters on 2 cores). The fast tokenizer's batch
-encode runs on Rust threads with the GIL released, but one batch at a time leaves cores idle in
-its tail (the last long document on one thread) and while Python turns its ids into an array;
-``encoded_batches`` keeps ``LOOKAHEAD`` batches in flight, so the next batch fills both gaps.
-The stream is the same bytes whatever the timing: batches are taken in order.
+file as they are produced, so memory stays bounded by one batch.
 """
 
 from __future__ import annotations
 
 import sys
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -27,7 +19,6 @@ from retrieval_draft.errors import TokenIdOutOfRangeError
 
 BATCH_DOCS = 256
 BATCH_CHARS = 4 << 20
-LOOKAHEAD = 2  # batches tokenised at once (module docstring)
 
 
 @dataclass(frozen=True)
@@ -92,27 +83,11 @@ def encode_texts(tokenizer, texts: list[str], vocab_size: int) -> list[np.ndarra
     return encoded
 
 
-def encoded_batches(docs: Iterable[str], tokenizer, *, sep: int, vocab_size: int) -> Iterator[tuple[int, np.ndarray]]:
-    """(documents in the batch, ``encode_batch``'s ids of it: (n,) int64) per batch of ``docs``
-    (``document_batches``), in order, with up to ``LOOKAHEAD`` batches tokenised at once on
-    threads (module docstring). Raises TokenIdOutOfRangeError as ``encode_batch`` does, for the
-    first bad batch in order."""
-    with ThreadPoolExecutor(LOOKAHEAD, thread_name_prefix="tokenise") as pool:
-        pending: deque = deque()
-        for batch in document_batches(docs, BATCH_DOCS, BATCH_CHARS):
-            pending.append((len(batch), pool.submit(encode_batch, tokenizer, batch, sep, vocab_size)))
-            if len(pending) > LOOKAHEAD:
-                size, done = pending.popleft()
-                yield size, done.result()
-        while pending:
-            size, done = pending.popleft()
-            yield size, done.result()
-
-
 def encode_chunks(docs: Iterable[str], tokenizer, *, dtype: np.dtype, sep: int, vocab_size: int) -> Iterator[np.ndarray]:
     """The stream ``encode_corpus`` writes, as one (n,) ``dtype`` array per batch of documents
     (each ends with a separator; empty documents dropped). Raises TokenIdOutOfRangeError."""
-    for _, flat in encoded_batches(docs, tokenizer, sep=sep, vocab_size=vocab_size):
+    for batch in document_batches(docs, BATCH_DOCS, BATCH_CHARS):
+        flat = encode_batch(tokenizer, batch, sep, vocab_size)
         if flat.size:
             yield flat.astype(dtype)
 
@@ -137,12 +112,13 @@ def encode_corpus(
     documents = tokens = 0
     bar = tqdm(desc="tokenising", unit="doc", file=sys.stderr, disable=not progress, mininterval=0.5)
     with open(spool, "wb") as out:
-        for size, flat in encoded_batches(docs, tokenizer, sep=sep, vocab_size=vocab_size):
+        for batch in document_batches(docs, BATCH_DOCS, BATCH_CHARS):
+            flat = encode_batch(tokenizer, batch, sep, vocab_size)
             kept = int(np.count_nonzero(flat == sep))
             out.write(flat.astype(dtype).tobytes())
             documents += kept
             tokens += int(flat.size)
-            bar.update(size)
+            bar.update(len(batch))
             bar.set_postfix(tokens=tokens, refresh=False)
     bar.close()
     return CorpusStats(documents=documents, tokens=tokens)

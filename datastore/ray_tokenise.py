@@ -3,7 +3,7 @@
 A shard is a run of consecutive files (``SourceFile``) in reading order. Each
 actor of the pool loads the tokenizer once (its constructor) and turns one
 shard at a time into a token stream exactly as the single-process build
-would (``encode.encoded_batches``: every document followed by the separator),
+would (``encode.encode_batch``: every document followed by the separator),
 so concatenating the shards in shard order gives the single-process stream.
 Ray Data restarts an actor whose process dies and re-runs its shard; a shard
 is a pure function of its files, so a retry gives the same tokens.
@@ -19,7 +19,7 @@ import numpy as np
 
 from retrieval_draft import errors
 from retrieval_draft.errors import RetrievalDraftError
-from retrieval_draft_datastore.encode import encoded_batches
+from retrieval_draft_datastore.encode import BATCH_CHARS, BATCH_DOCS, document_batches, encode_batch
 from retrieval_draft_datastore.sources import SourceFile, SourceOptions, file_documents
 
 DEFAULT_SHARD_BYTES = 32 << 20
@@ -82,7 +82,8 @@ class ShardTokeniser:
         """(stream of the shard, shape (n,), ``dtype``; documents kept)."""
         docs = chain.from_iterable(file_documents(f, self.options) for f in files)
         pieces, documents = [], 0
-        for _, flat in encoded_batches(docs, self.tokenizer, sep=self.sep, vocab_size=self.vocab_size):
+        for batch in document_batches(docs, BATCH_DOCS, BATCH_CHARS):
+            flat = encode_batch(self.tokenizer, batch, self.sep, self.vocab_size)
             documents += int(np.count_nonzero(flat == self.sep))
             pieces.append(flat.astype(self.dtype))
         stream = np.concatenate(pieces) if pieces else np.zeros(0, self.dtype)

@@ -173,32 +173,3 @@ def test_a_cli_build_compiles_the_runtime_store_queries_for_its_store(tmp_path, 
 def test_ray_options_without_the_ray_engine_are_refused(tmp_path, corpus):
     with pytest.raises(InvalidInputError, match="need --engine ray"):
         cli(["build", str(corpus), "--out", str(tmp_path / "ds"), "--workers", "2", "--quiet"])
-
-
-def test_batches_tokenised_at_once_write_the_stream_one_at_a_time_writes(tmp_path, corpus, tokenizer, monkeypatch):
-    from retrieval_draft_datastore import encode
-
-    monkeypatch.setattr(encode, "BATCH_DOCS", 1)  # one document a batch: every file is a batch of its own
-    files = {}
-    for lookahead in (1, 3):
-        monkeypatch.setattr(encode, "LOOKAHEAD", lookahead)
-        manifest = build([str(corpus)], tmp_path / f"ds{lookahead}", tokenizer, options=PY, progress=False)
-        files[lookahead] = {name: entry["sha256"] for name, entry in manifest["files"].items()}
-    assert files[1] == files[3]
-
-
-def test_a_bad_id_in_a_later_batch_raises_while_batches_run_at_once(monkeypatch):
-    from retrieval_draft.errors import TokenIdOutOfRangeError
-    from retrieval_draft_datastore import encode
-
-    class Ids:  # a tokenizer whose ids are each document's characters' code points
-        def __call__(self, batch, **_):
-            return {"input_ids": [[ord(c) for c in text] for text in batch]}
-
-    monkeypatch.setattr(encode, "BATCH_DOCS", 1)
-    docs = ["ab", "cd", "ef", "\u00c8", "gh"]  # ord("\u00c8") = 200, outside the vocabulary
-    batches = encode.encoded_batches(iter(docs), Ids(), sep=255, vocab_size=200)
-    assert [flat.tolist() for _, flat in (next(batches), next(batches), next(batches))] == [
-        [97, 98, 255], [99, 100, 255], [101, 102, 255]]
-    with pytest.raises(TokenIdOutOfRangeError):
-        next(batches)
