@@ -3,6 +3,7 @@ deduplicated with the held-out packages left out."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -53,18 +54,22 @@ def test_a_size_takes_a_prefix_so_bigger_stores_hold_the_smaller_ones_files(corp
 def test_the_study_runs_on_a_tiny_corpus_and_reports_every_size(corpus, tmp_path, capsys):
     model = tiny_model_folder(tmp_path / "model")
     out = tmp_path / "scale.json"
-    code = store_scale.main(["--sizes", "3k,12k", "--corpus", str(corpus), "--model", str(model), "--prompts", "1",
+    png = tmp_path / "scale.png" if importlib.util.find_spec("matplotlib") else None
+    code = store_scale.main(["--sizes", "all,3k", "--corpus", str(corpus), "--model", str(model), "--prompts", "1",
                              "--context-problems", "1", "--max-new-tokens", "6", "--steps", "30", "--threads", "1",
-                             "--cache", "fresh", "--work", str(tmp_path), "--json", str(out)])
+                             "--cache", "fresh", "--work", str(tmp_path), "--json", str(out)]
+                            + (["--png", str(png)] if png else []))
     assert code == 0
     result = json.loads(out.read_text())
     rows = result["sizes"]
-    assert [row["target_tokens"] for row in rows] == [3_000, 12_000]
+    assert [row["target_tokens"] for row in rows] == [3_000, None] and result["config"]["sizes"] == [3_000, "all"]
     assert rows[0]["tokens"] < rows[1]["tokens"] and rows[0]["files"] < rows[1]["files"]
+    assert rows[1]["files"] == len(corpus_files([corpus], 10**9))  # all: every file of the corpus
     for row in rows:
         low, high = row["tokens"] / (row["build_s"] + 5e-4), row["tokens"] / max(row["build_s"] - 5e-4, 1e-9)
         assert row["build_s"] > 0 and low - 1 <= row["build_tokens_per_s"] <= high + 1  # build_s shown to 1 ms
         assert row["bytes_per_token"] == round(row["store_bytes"] / row["tokens"], 3)
+        assert row["build_cpu_s"] > 0 and row["build_cores_used"] == pytest.approx(row["build_cpu_s"] / row["build_s"], rel=0.1)  # both shown to 1 ms
         assert 0 < row["lookup"]["p50_ms"] <= row["lookup"]["p99_ms"] and row["lookup"]["steps"] == 30
         assert 0 < row["lookup"]["p99_min3_ms"] <= row["lookup"]["p99_ms"]
         assert row["lookup"]["drafters"] == ["ngram", "suffix"]
@@ -72,8 +77,16 @@ def test_the_study_runs_on_a_tiny_corpus_and_reports_every_size(corpus, tmp_path
         assert row["generate"]["accepted_per_step"] == round(row["generate"]["step_tokens"] / row["generate"]["steps"], 3)
         assert row["generate"]["tree_nodes_per_step"] >= 0 and row["generate"]["draft_ms_per_step"] > 0
         assert row["open_verified_s"] > 0 and row["open_trusted_s"] > 0
+        memory = row["memory"]
+        assert memory["mapped_bytes"] == row["store_bytes"] and memory["contexts"] == 30
+        assert memory["growth_after_lookups_mib"] == round(memory["after_lookups_mib"]["rss"]
+                                                           - memory["before_mib"]["rss"], 1)
+        assert row["generate"]["speedup_vs_greedy"] == pytest.approx(
+            row["generate"]["greedy_wall_s"] / row["generate"]["wall_s"], rel=0.1)  # both shown to 1 ms
     assert result["no_store"]["identical_to_greedy"] is True and result["cache"]["mode"] == "fresh"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "scale.json"]  # the stores are gone
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".png") == ["model", "scale.json"]  # stores gone
+    if png:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out
     assert f"| {rows[0]['tokens']:,} |" in table and f"| {rows[1]['tokens']:,} |" in table and "| no store |" in table
 

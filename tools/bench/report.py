@@ -336,13 +336,28 @@ def markdown(result: dict) -> str:
     )
 
 
-def plot(result: dict, path: str) -> None:
-    """A PNG of geometric-mean speedups per workload and system (matplotlib, Agg backend)."""
+def figure(**subplots):
+    """(figure, axes) of ``matplotlib.pyplot.subplots(**subplots)`` on the Agg backend: the benchmark's
+    charts are drawn this way and written by ``save_png``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt.subplots(**subplots)
+
+
+def save_png(fig, path: str | Path) -> None:
+    """Write ``fig`` as a PNG at ``path`` (atomically, 110 dpi) and close it."""
+    import matplotlib.pyplot as plt
+
+    with atomic_path(Path(path)) as tmp:
+        fig.savefig(tmp, dpi=110, format="png", bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot(result: dict, path: str) -> None:
+    """A PNG of geometric-mean speedups per workload and system (``figure``, ``save_png``)."""
     systems = [s for s in result["config"]["systems"] if s not in result["unavailable"]]
     workloads = list(result["summary"])
     series = {result["labels"][s]: [result["summary"][w][s]["speedup_geomean"] or 0.0 for w in workloads]
@@ -353,7 +368,7 @@ def plot(result: dict, path: str) -> None:
         ratios[OVERALL] = fresh.get("ratio_geomean")
         series["ours: first call, fresh process"] = [ratios.get(w) or 0.0 for w in workloads]
     width = 0.8 / max(len(series), 1)
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(workloads)), 4))
+    fig, ax = figure(figsize=(max(6, 1.6 * len(workloads)), 4))
     for i, (label, values) in enumerate(series.items()):
         ax.bar([x + i * width for x in range(len(workloads))], values, width, label=label)
     ax.axhline(1.0, color="black", linewidth=0.8)
@@ -365,7 +380,5 @@ def plot(result: dict, path: str) -> None:
     ax.set_title(f"{result['config']['model_short']}, {m['cores']} cores, {m['torch_threads']} threads", fontsize=9)
     ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     fig.tight_layout()
-    with atomic_path(Path(path)) as tmp:
-        fig.savefig(tmp, dpi=110, format="png", bbox_inches="tight")
-    plt.close(fig)
+    save_png(fig, path)
 
