@@ -59,7 +59,8 @@ def test_the_command_line_profiles_the_static_path_beside_the_default(tmp_path, 
 
 
 def test_the_tiny_models_vocabulary_is_the_command_lines(tmp_path, monkeypatch):
-    """``--tiny-vocab``: the tiny model and its random prompts both take the vocabulary given."""
+    """``--tiny-vocab``: the tiny model and its random prompts both take the vocabulary given;
+    ``--cache fresh``: the run plans from a cache with no curve for it."""
     import json
 
     from tools.diagnostics import step_profile
@@ -74,6 +75,8 @@ def test_the_tiny_models_vocabulary_is_the_command_lines(tmp_path, monkeypatch):
     monkeypatch.setattr(step_profile, "profile", spy)
     out = tmp_path / "steps.json"
     assert step_profile.main(["--models", "tiny", "--batches", "1", "--prompts", "1", "--max-new-tokens", "8",
-                              "--tiny-vocab", "4096", "--json", str(out)]) == 0
+                              "--tiny-vocab", "4096", "--cache", "fresh", "--json", str(out)]) == 0
     assert seen and all(vocab == 4096 and top < 4096 for vocab, top in seen)
-    assert json.loads(out.read_text())["tiny_vocab"] == 4096
+    payload = json.loads(out.read_text())
+    assert payload["tiny_vocab"] == 4096
+    assert payload["cache"]["tiny"]["mode"] == "fresh" and payload["cache"]["tiny"]["curve"] is None  # nothing kept

@@ -1,7 +1,7 @@
 """Host time per decoding step, split by phase, through the README's ``generate`` call.
 
     python -m tools.diagnostics.step_profile [--models tiny,smollm2,llama-1b] [--batches 1,8]
-        [--max-new-tokens 128] [--datastore DIR] [--device cuda] [--static] [--tiny-vocab N] [--json PATH]
+        [--max-new-tokens 128] [--datastore DIR] [--device cuda] [--static] [--tiny-vocab N] [--cache user|fresh] [--json PATH]
 
 Every configuration calls ``model.generate(..., custom_generate=retrieval_draft.generate,
 draft_stats=stats)`` with the defaults (a fresh ``PluginMemory`` each, warmed by two untimed
@@ -33,12 +33,15 @@ of Llama 3.2 1B's shape in bfloat16 (for a GPU: a forward of realistic cost) wit
 model's prompts. ``--tiny-vocab N`` gives the tiny model another vocabulary: on a CPU its forward
 then streams less (49,152 x 64 output weights and the W x 49,152 logits it writes pass through the
 caches every step, and the host work after it starts cold), as a GPU's forward leaves the host's
-caches alone. Diagnostics, not speed claims (those come from ``python -m tools.bench``).
+caches alone. ``--cache fresh`` plans from a cache of the run's own (``tools.bench.cache_state``): the
+warm-up measures the cost curve, and with it which sizes take the skinny matmul, on the machine as it
+is now, not as an earlier run found it; the JSON says what each model's cache held (``cache``). Diagnostics, not speed claims (those come from ``python -m tools.bench``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from contextlib import contextmanager
@@ -51,6 +54,7 @@ from retrieval_draft.atomic import atomic_write_bytes
 from retrieval_draft.decode.engine import DecodeStats
 from retrieval_draft.sessions.memory import PluginMemory
 from retrieval_draft.planning.timing import synchronize
+from tools.bench.cache_state import CACHE_MODES, fresh_cache, planning_records
 
 PHASES = ("draft", "plan", "pack", "forward", "readout", "accept")
 TINY_VOCAB = 49_152  # SmolLM2's
@@ -251,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--datastore", help="also profile the tiny model with this store (SmolLM2's tokenizer)")
     p.add_argument("--json", help="write the table as JSON here")
     p.add_argument("--static", action="store_true", help="also each configuration with cache_implementation='static'")
+    p.add_argument("--cache", choices=CACHE_MODES, default="user",
+                   help="plan from the user's cache as it is, or from a fresh one (the warm-up measures the cost curve)")
     p.add_argument("--tiny-vocab", type=int, default=TINY_VOCAB,
                    help="the tiny model's vocabulary (default SmolLM2's; a small one leaves the CPU's caches to the host work)")
     args = p.parse_args(argv)
@@ -258,8 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     if not models or not set(models) <= {"tiny", "smollm2", "llama-1b"}:
         p.error("--models takes a comma list of tiny, smollm2, llama-1b")
     sizes = [int(b) for b in args.batches.split(",")]
+    with fresh_cache() if args.cache == "fresh" else contextlib.nullcontext():
+        return _run(args, models, sizes)
+
+
+def _run(args, models: list[str], sizes: list[int]) -> int:
+    """``main``'s work, in the cache ``--cache`` chose."""
     torch.set_num_threads(1)  # the tiny model's forward is fastest on one thread
     table: dict = {}
+    caches: dict = {}  # what the cache held for each model when its profile began (``planning_records``)
     for name in [m for m in models if m != "smollm2"]:
         vocab = args.tiny_vocab if name == "tiny" else TINY_VOCAB
         if name == "tiny":
@@ -268,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             from tools.gpu_check import LLAMA_SHAPES
 
             model = tiny_model(shape=LLAMA_SHAPES["1b"], device=args.device, dtype=torch.bfloat16)
+        caches[name] = planning_records(model, args.cache)
         for rows in sizes:
             batches = random_batches(args.prompts + 1, rows, seed=rows, device=args.device, vocab=vocab)
             table.update(profile(model, f"{name} B={rows}", batches, args.max_new_tokens, replay=True))
@@ -282,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(2)
         session = load_session()
+        caches["smollm2"] = planning_records(session.model, args.cache)
         for rows in sizes:
             batches = smollm2_batches(session, rows, args.prompts)
             table.update(profile(session.model, f"smollm2 B={rows}", batches, args.max_new_tokens, replay=False))
@@ -292,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
         payload = {"threads": torch.get_num_threads(), "device": device, "max_new_tokens": args.max_new_tokens,
-                   "tiny_vocab": args.tiny_vocab,
+                   "tiny_vocab": args.tiny_vocab, "cache": caches,
                    "ms_per_step": table}
         atomic_write_bytes(Path(args.json), (json.dumps(payload, indent=1) + "\n").encode())
     return 0
