@@ -87,3 +87,34 @@ def test_the_fim_workload_refuses_a_model_without_fim_tokens_before_starting_a_s
     with pytest.raises(SystemExit) as stopped:
         main(["--workloads", "fim", "--model", "smollm2-135m", "--out", "unused"])
     assert stopped.value.code == 2 and "smollm2-135m has no fill-in-the-middle tokens" in capsys.readouterr().err
+
+
+def test_the_fim_run_starts_llama_peers_beside_ours_and_records_its_own_command(monkeypatch, tmp_path):
+    """``main`` with ``--workloads fim`` and a llama.cpp peer (servers stood in): every server is
+    started with its own command line and the report records the run's command as given."""
+    import contextlib
+
+    from tests.doc_preamble import FIM_TOKENS, tiny_model_folder
+    from tools.bench import http_sessions
+
+    folder = tiny_model_folder(tmp_path / "coder", "tiny-coder", FIM_TOKENS)
+    started, written = [], {}
+
+    @contextlib.contextmanager
+    def served(*starts, logs, envs):
+        started.extend(starts)
+        yield [f"server-{i}" for i in range(len(starts))]
+
+    def peer_start(host, port):
+        return ["llama-server", "--port", str(port)]
+
+    monkeypatch.setattr(http_sessions, "served", served)
+    monkeypatch.setattr(http_sessions, "llama_peers", lambda gguf: ({"llama": (peer_start, {"X": "1"})}, {}))
+    monkeypatch.setattr(http_sessions, "openai_client", lambda server: server)
+    monkeypatch.setattr(http_sessions, "overhead", lambda client, model: 0.01)
+    monkeypatch.setattr(http_sessions, "fim_session", lambda servers, requests, log: [])
+    monkeypatch.setattr(http_sessions, "write_results", lambda out, result, text: written.update(result))
+    argv = ["--workloads", "fim", "--model", str(folder), "--out", str(tmp_path / "out")]
+    assert http_sessions.main(argv) == 0
+    assert started[-1] is peer_start and all(isinstance(start, list) for start in started[:-1])
+    assert written["command"] == "python -m tools.bench.http_sessions " + " ".join(argv)

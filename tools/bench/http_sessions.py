@@ -188,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     names = list(SERVERS) if "editor" in workloads or "fim" in workloads else ["plain", "ours"]
     starts, envs = [[*SERVERS[n], "--model", args.model] for n in names], [None] * len(names)
     peers, unavailable = llama_peers(model_gguf(args.model)) if "fim" in workloads else ({}, {})
-    for name, (argv, env) in peers.items():
-        names, starts, envs = [*names, name], [*starts, argv], [*envs, env]
+    for name, (start, env) in peers.items():
+        names, starts, envs = [*names, name], [*starts, start], [*envs, env]
     model = served_name(args.model)
     with tempfile.TemporaryDirectory() as logs, served(*starts, logs=Path(logs), envs=envs) as servers:
         by_name = dict(zip(names, servers))
