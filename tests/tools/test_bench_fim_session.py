@@ -118,3 +118,17 @@ def test_the_fim_run_starts_llama_peers_beside_ours_and_records_its_own_command(
     assert http_sessions.main(argv) == 0
     assert started[-1] is peer_start and all(isinstance(start, list) for start in started[:-1])
     assert written["command"] == "python -m tools.bench.http_sessions " + " ".join(argv)
+
+
+def test_results_keep_a_dotted_prefix_whole(tmp_path, capsys):
+    """``report.write_results`` appends .json and .md to the prefix: a model name's dot
+    (``qwen2.5-coder-0.5b``) is not taken for an extension."""
+    import json
+
+    from tools.bench.report import write_results
+
+    prefix = tmp_path / "2026-11-29-qwen2.5-coder-0.5b-http-fim"
+    write_results(prefix, {"a": 1}, "# report\n")
+    assert json.loads((tmp_path / f"{prefix.name}.json").read_text()) == {"a": 1}
+    assert (tmp_path / f"{prefix.name}.md").read_text() == "# report\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{prefix.name}.json", f"{prefix.name}.md"]

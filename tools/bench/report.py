@@ -84,12 +84,14 @@ def machine_info() -> dict:
 
 
 def write_results(prefix: str | Path, result: dict, report: str) -> None:
-    """PREFIX.json (``result``) and PREFIX.md (``report``), each written atomically; prints the report."""
+    """PREFIX.json (``result``) and PREFIX.md (``report``), each written atomically; prints the report.
+    The extensions are appended to the whole prefix: a dot inside it (``qwen2.5-coder-0.5b-...``) is
+    part of the name."""
     print(report)
     out = Path(prefix)
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out.with_suffix(".json"), (json.dumps(result, indent=2) + "\n").encode())
-    atomic_write_bytes(out.with_suffix(".md"), report.encode())
+    atomic_write_bytes(out.with_name(out.name + ".json"), (json.dumps(result, indent=2) + "\n").encode())
+    atomic_write_bytes(out.with_name(out.name + ".md"), report.encode())
 
 
 def load_average() -> list[float] | None:
