@@ -80,3 +80,29 @@ def test_the_tiny_models_vocabulary_is_the_command_lines(tmp_path, monkeypatch):
     payload = json.loads(out.read_text())
     assert payload["tiny_vocab"] == 4096
     assert payload["cache"]["tiny"]["mode"] == "fresh" and payload["cache"]["tiny"]["curve"] is None  # nothing kept
+
+
+def test_a_curve_measurement_left_open_by_the_warm_up_is_finished_before_the_timed_passes(monkeypatch):
+    """After the two warm-up calls, while the plugin memory still has a cost-curve measurement open
+    (a re-measurement the warm-up's forwards asked for), one more untimed call runs."""
+    from tools.diagnostics import step_profile
+
+    model = make_tiny_llama(seed=24)
+    batches = [random_prompt(seed) for seed in (1, 2)]
+    real_ours, calls = step_profile.ours, []
+
+    def ours(model, batches, max_new_tokens, memory, **extra):
+        held = memory.model(model)
+        calls.append(held.probe)
+        if held.probe == "open":  # stands for a measurement's pending probe forwards
+            held.probe = None  # the call ran them
+            return {}
+        row = real_ours(model, batches, max_new_tokens, memory, **extra)
+        if len(calls) == 2:
+            held.probe = "open"  # as if the second warm-up's forwards drifted from the curve
+        return row
+
+    monkeypatch.setattr(step_profile, "ours", ours)
+    table = step_profile.profile(model, "one", batches, max_new_tokens=8, replay=True)
+    assert calls[2] == "open" and len(calls) == 5  # two warm-ups, the third, then fresh and replayed
+    assert calls[3] is None and {"one fresh", "one replayed"} <= set(table)
