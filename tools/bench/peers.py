@@ -44,7 +44,9 @@ class PeerUnavailable(RuntimeError):
     """The peer cannot be built or imported here; the message says why, in one line."""
 
 
-def _run(command: list[str], cwd: Path) -> None:
+def build_step(command: list[str], cwd: Path) -> None:
+    """Run one step of building a peer (pip, cmake) in ``cwd``; ``PeerUnavailable`` with the last line
+    of its output when it fails."""
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -58,7 +60,7 @@ def sdist(kept: Path = SDIST_FILE, requirement: str = SDIST) -> Path:
         return kept
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
-        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+        build_step([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
               "--quiet", requirement, "-d", str(work)], work)
         (archive,) = work.glob("*.tar.gz")
         kept.parent.mkdir(parents=True, exist_ok=True)
@@ -83,9 +85,9 @@ def build(cache: Path = CACHE) -> Path:
         with tarfile.open(sdist()) as tar:
             tar.extractall(work, filter="data")
         (source,) = [p for p in work.iterdir() if p.is_dir()]
-        _run(["cmake", "-S", str(source / "csrc" / "suffix_decoding"), "-B", str(work / "build"),
+        build_step(["cmake", "-S", str(source / "csrc" / "suffix_decoding"), "-B", str(work / "build"),
               f"-DPython_EXECUTABLE={sys.executable}", "-DCMAKE_BUILD_TYPE=Release"], work)
-        _run(["cmake", "--build", str(work / "build"), "-j", str(os.cpu_count() or 1)], work)
+        build_step(["cmake", "--build", str(work / "build"), "-j", str(os.cpu_count() or 1)], work)
         staging = work / "package"
         for name in PACKAGE_FILES:
             (staging / name).parent.mkdir(parents=True, exist_ok=True)
