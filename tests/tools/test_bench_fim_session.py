@@ -64,7 +64,7 @@ def test_llama_cpp_is_reported_unavailable_with_the_reason(monkeypatch, tmp_path
     monkeypatch.setattr(llama_server.shutil, "which", lambda tool: None)
     monkeypatch.setattr(fim_session, "binary", lambda: llama_server.binary(tmp_path / "none"))
     peers, unavailable = fim_session.llama_peers(Path("model.gguf"))
-    assert peers == {} and set(unavailable) == {"llama", "llama_ngram-simple"}
+    assert peers == {} and set(unavailable) == {"llama", "llama_ngram-simple", "llama_ngram-mod"}
     assert unavailable["llama"] == "llama-server cannot be built here: cmake is not installed (apt-get install cmake)"
 
 

@@ -58,16 +58,18 @@ def test_the_warm_text_is_the_request_text_less_the_cursors_line(requests):
         assert request.text[len(request.warm_text):].count("\n") == 1  # one line: the cursor's
 
 
-def test_the_editor_session_warms_only_its_warming_server_and_compares_with_plain(requests):
-    clients = {"plain": StandInClient("x = 1"), "ours": StandInClient("x = 1"), "ours_warm": StandInClient("x = 2")}
+def test_the_editor_session_warms_only_its_warming_servers_and_compares_with_plain(requests):
+    clients = {"plain": StandInClient("x = 1"), "ours": StandInClient("x = 1"), "ours_warm": StandInClient("x = 2"),
+               "llama_ngram-mod": StandInClient("x = 1")}
     records = editor_session(clients, "m", requests, log=lambda _: None)
-    warm = [r for r in clients["ours_warm"].sent if r["max_tokens"] == 0]
-    assert [r["prompt"] for r in warm] == [q.warm_text for q in requests]
+    for warmed in ("ours_warm", "llama_ngram-mod"):  # llama.vim warms llama.cpp's server; ours_warm as it does
+        warm = [r for r in clients[warmed].sent if r["max_tokens"] == 0]
+        assert [r["prompt"] for r in warm] == [q.warm_text for q in requests]
     assert all(r["max_tokens"] > 0 for r in clients["ours"].sent + clients["plain"].sent)
     assert [r["prompt"] for r in clients["ours"].sent] == [q.text for q in requests]
     by_server = {name: [r["identical"] for r in records if r["system"] == name] for name in clients}
-    assert by_server == {"plain": [True] * 3, "ours": [True] * 3, "ours_warm": [False] * 3}
-    assert all(r["warm_s"] is not None for r in records if r["system"] == "ours_warm")
+    assert by_server == {"plain": [True] * 3, "ours": [True] * 3, "ours_warm": [False] * 3, "llama_ngram-mod": [True] * 3}
+    assert all((r["warm_s"] is not None) == (r["system"] in ("ours_warm", "llama_ngram-mod")) for r in records)
     summary = summarize(records)["editor"]
     assert summary["plain"]["median"] == 1.0 and summary["ours"]["requests"] == 3 and summary["ours"]["identical"] == 3
     assert "| editor | ours_warm |" in markdown({
@@ -77,9 +79,10 @@ def test_the_editor_session_warms_only_its_warming_server_and_compares_with_plai
 
 
 def test_the_chat_session_resends_each_servers_own_replies():
-    clients = {"plain": StandInClient("A"), "ours": StandInClient("A"), "ours_warm": StandInClient("B")}
+    clients = {"plain": StandInClient("A"), "ours": StandInClient("A"), "ours_warm": StandInClient("B"),
+               "llama": StandInClient("C")}
     records = chat_session(clients, "m", log=lambda _: None)
-    assert clients["ours_warm"].sent == [] and len(records) == 2 * len(CHAT_TURNS)
+    assert clients["ours_warm"].sent == clients["llama"].sent == [] and len(records) == 2 * len(CHAT_TURNS)
     last = clients["ours"].sent[-1]["messages"]
     assert [m["role"] for m in last] == ["user", "assistant"] * (len(CHAT_TURNS) - 1) + ["user"]
     assert last[-1]["content"] == CHAT_TURNS[-1] and all(r["identical"] for r in records)

