@@ -83,7 +83,7 @@ def editor_session(clients: dict, model: str, requests, log) -> list[dict]:
 
 def chat_session(clients: dict, model: str, log) -> list[dict]:
     """Every chat turn to every server, each with its own earlier replies; one record per (turn, server)."""
-    names = [name for name in clients if name in ("plain", "ours")]  # nothing to warm; llama.cpp's take no part
+    names = [name for name in clients if name not in WARMED]  # a chat has nothing to warm: the warmed servers take no part
     histories = {name: [] for name in names}
     records = []
     for index, turn in enumerate(CHAT_TURNS):
